@@ -1,0 +1,37 @@
+# Fairmeter — the two commands are `make up` and `make test`.
+SHELL := /bin/bash
+UV = $(shell command -v uv 2>/dev/null || echo "python3 -m uv")
+export UV_LINK_MODE ?= copy
+
+.PHONY: up test lint typecheck unit bench install uv clean
+
+uv:
+	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
+
+install: uv
+	@$(UV) sync --frozen --quiet
+
+## Start the whole service (API, worker, beat) on embedded PostgreSQL/Redis unless
+## DATABASE_URL / REDIS_URL are set. Ctrl-C stops everything it started.
+up: install
+	@$(UV) run --frozen fairmeter up
+
+## Lint, type-check and run the whole suite against real PostgreSQL, Redis and Celery.
+test: install lint typecheck
+	@$(UV) run --frozen pytest
+
+lint: install
+	@$(UV) run --frozen ruff check .
+	@$(UV) run --frozen ruff format --check .
+
+typecheck: install
+	@$(UV) run --frozen mypy metering reconciler api
+
+unit: install
+	@$(UV) run --frozen pytest tests/unit
+
+bench: install
+	@$(UV) run --frozen python bench/ingest.py
+
+clean:
+	rm -rf .fairmeter .pytest_cache .mypy_cache .ruff_cache

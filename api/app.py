@@ -1,0 +1,41 @@
+"""The Litestar application factory."""
+
+from __future__ import annotations
+
+from litestar import Litestar
+from litestar.datastructures import State
+from litestar.openapi.config import OpenAPIConfig
+
+from api.events import post_events
+from api.logs import configure_logging
+from api.metrics import latency_middleware
+from api.ops import healthz, metrics, readyz
+from api.problems import EXCEPTION_HANDLERS
+from api.runs import get_run
+from api.services import Services
+from metering.config import Settings, load_settings
+
+
+def create_app(settings: Settings | None = None) -> Litestar:
+    settings = settings or load_settings()
+    configure_logging(settings)
+    services = Services.build(settings)
+
+    def shutdown() -> None:
+        services.close()
+
+    return Litestar(
+        route_handlers=[post_events, get_run, healthz, readyz, metrics],
+        state=State({"services": services}),
+        exception_handlers=EXCEPTION_HANDLERS,
+        middleware=[latency_middleware],
+        request_max_body_size=settings.max_body_bytes,
+        on_shutdown=[shutdown],
+        openapi_config=OpenAPIConfig(
+            title="Fairmeter",
+            version="0.1.0",
+            path="/schema",
+            description="Usage metering and billing protection for AI-agent runs.",
+        ),
+        debug=False,
+    )

@@ -1,0 +1,70 @@
+"""Prometheus metrics. Multi-process safe when PROMETHEUS_MULTIPROC_DIR is set by `serve`."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from litestar.types import ASGIApp, Receive, Scope, Send
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+from prometheus_client import values as prometheus_values
+
+EVENTS = Counter("fairmeter_events_total", "Ingested events by result", ["result", "code"])
+REQUEST_LATENCY = Histogram(
+    "fairmeter_request_seconds",
+    "HTTP request latency",
+    ["method", "route", "status"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+
+
+def record_ingest(accepted: int, duplicates: int) -> None:
+    if accepted:
+        EVENTS.labels("accepted", "").inc(accepted)
+    if duplicates:
+        EVENTS.labels("duplicate", "").inc(duplicates)
+
+
+def record_rejection(count: int, code: str) -> None:
+    EVENTS.labels("rejected", code).inc(count)
+
+
+def render_metrics() -> tuple[bytes, str]:
+    if prometheus_values.ValueClass.__name__ == "MmapedValue":  # multi-process mode
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+    return generate_latest(), CONTENT_TYPE_LATEST
+
+
+def latency_middleware(app: ASGIApp) -> ASGIApp:
+    """Times every HTTP request, labelled by route template (bounded label cardinality)."""
+
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":  # type: ignore[comparison-overlap]
+            await app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status_holder: dict[str, Any] = {"status": 500}
+
+        async def send_wrapper(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                status_holder["status"] = message["status"]
+            await send(message)
+
+        try:
+            await app(scope, receive, send_wrapper)
+        finally:
+            route = scope.get("path_template") or "unmatched"
+            REQUEST_LATENCY.labels(
+                scope.get("method", "?"), route, str(status_holder["status"])
+            ).observe(time.perf_counter() - started)
+
+    return middleware

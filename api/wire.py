@@ -1,0 +1,45 @@
+"""Wire types: what the API returns. Never table rows."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+
+class EventResult(msgspec.Struct):
+    source: str
+    id: str
+    result: str
+
+
+class IngestReply(msgspec.Struct):
+    accepted: int
+    duplicates: int
+    events: list[EventResult]
+
+
+class RunReply(msgspec.Struct):
+    run: str
+    customer: str
+    status: str
+    outcome: str | None
+    gross_micros: int
+    billed_micros: int | None
+    credited_micros: int | None
+    rule_ids: list[str]
+    explanation: str | None
+    decisions: list[dict[str, Any]]
+    event_count: int
+    event_counts: dict[str, int]
+    attempts: int
+    first_event_at: datetime
+    last_event_at: datetime
+    last_received_at: datetime
+    terminal_at: datetime | None
+
+
+class Health(msgspec.Struct):
+    status: str
+    checks: dict[str, str] = msgspec.field(default_factory=dict)

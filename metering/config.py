@@ -1,0 +1,77 @@
+"""One typed settings object, read once at the edge and passed down.
+
+Nothing else in the code base reads ``os.environ``: the API factory, the Celery app and the
+CLI each call :func:`load_settings` once and hand the result to the use cases.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+class Settings(BaseSettings):
+    """Every tunable of Fairmeter. ``FAIRMETER_*`` variables, plus three standard names."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="FAIRMETER_", extra="ignore", frozen=True, populate_by_name=True
+    )
+
+    database_url: str = Field(
+        default=DEFAULT_DATABASE_URL,
+        validation_alias=AliasChoices("DATABASE_URL", "FAIRMETER_DATABASE_URL"),
+    )
+    redis_url: str = Field(
+        default=DEFAULT_REDIS_URL,
+        validation_alias=AliasChoices("REDIS_URL", "FAIRMETER_REDIS_URL"),
+    )
+    stripe_api_key: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("STRIPE_API_KEY", "FAIRMETER_STRIPE_API_KEY"),
+    )
+
+    # Secrets. The pepper turns a stolen key table into useless HMACs.
+    key_pepper: str = "dev-pepper-change-me"
+    key_cache_ttl_s: float = 30.0
+
+    # Ingest limits (DESIGN §1).
+    max_batch_events: int = 1000
+    max_body_bytes: int = 1024 * 1024
+    max_future_skew_s: int = 300
+    max_event_age_s: int = 35 * 24 * 3600
+    max_json_depth: int = 32
+
+    # Settlement windows (DESIGN §2).
+    settle_grace_s: int = 120
+    resume_window_s: int = 900
+    idle_timeout_s: int = 3600
+
+    # Database pool.
+    db_pool_size: int = 10
+    db_max_overflow: int = 20
+
+    log_level: str = "INFO"
+    log_json: bool = True
+
+    def sqlalchemy_url(self) -> str:
+        """The database URL with the psycopg 3 driver, whatever scheme the user gave."""
+        return to_psycopg_url(self.database_url)
+
+
+def to_psycopg_url(url: str) -> str:
+    """Normalise ``postgres://`` / ``postgresql://`` URLs to SQLAlchemy's psycopg 3 dialect."""
+    for prefix in ("postgresql+psycopg://", "postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+@lru_cache(maxsize=1)
+def load_settings() -> Settings:
+    """Read the environment once per process."""
+    return Settings()

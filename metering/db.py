@@ -1,0 +1,55 @@
+"""Engine, sessions and the unit of work.
+
+``unit_of_work`` is the only place that commits: the edge (a request handler's dependency,
+a Celery task wrapper, a CLI command) opens one per use case.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+from sqlmodel import Session
+
+from metering.config import Settings
+
+
+def create_db_engine(settings: Settings) -> Engine:
+    """A pooled psycopg 3 engine. ``pool_pre_ping`` survives a restarted PostgreSQL."""
+    return sa.create_engine(
+        settings.sqlalchemy_url(),
+        pool_size=settings.db_pool_size,
+        max_overflow=settings.db_max_overflow,
+        pool_pre_ping=True,
+        pool_timeout=10,
+        connect_args={"connect_timeout": 5},
+    )
+
+
+@contextmanager
+def unit_of_work(engine: Engine) -> Iterator[Session]:
+    """One transaction: commit when the block ends normally, roll back on any exception."""
+    with Session(engine, expire_on_commit=False) as session:
+        try:
+            yield session
+            session.commit()
+        except BaseException:
+            session.rollback()
+            raise
+
+
+@contextmanager
+def raw_transaction(engine: Engine) -> Iterator[psycopg.Connection[Any]]:
+    """One transaction on a pooled connection, as the bare psycopg connection.
+
+    For hot paths that send hand-written SQL (ingest, sweeps); commits on success and rolls
+    back on any exception, exactly like :func:`unit_of_work`.
+    """
+    with engine.begin() as connection:
+        driver = connection.connection.driver_connection
+        assert isinstance(driver, psycopg.Connection)
+        yield driver

@@ -1,0 +1,1 @@
+"""Ingest: validate CloudEvents (pure) and store them with their holds (one transaction)."""

@@ -1,0 +1,23 @@
+"""SQLModel tables: columns and constraints only, no behaviour.
+
+Importing this package registers every table on ``SQLModel.metadata``, which is what Alembic
+compares against.
+"""
+
+from metering.models.base import metadata
+from metering.models.catalog import PriceRow
+from metering.models.events import EventRow, RunRow, UsageLineRow
+from metering.models.ledger import LedgerEntryRow
+from metering.models.tenancy import ApiKeyRow, CustomerRow, TenantRow
+
+__all__ = [
+    "ApiKeyRow",
+    "CustomerRow",
+    "EventRow",
+    "LedgerEntryRow",
+    "PriceRow",
+    "RunRow",
+    "TenantRow",
+    "UsageLineRow",
+    "metadata",
+]

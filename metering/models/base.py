@@ -1,0 +1,38 @@
+"""Shared column helpers. Timestamps are always timezone-aware UTC."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlmodel import Field, SQLModel
+
+metadata = SQLModel.metadata
+metadata.naming_convention = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_N_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def timestamp_field(*, nullable: bool = False, default_now: bool = False) -> Any:
+    """A ``timestamptz`` column; ``default_now`` also sets the server default."""
+    server_default = sa.func.now() if default_now else None
+    return Field(
+        default=None,
+        sa_column=sa.Column(
+            sa.DateTime(timezone=True), nullable=nullable, server_default=server_default
+        ),
+    )
+
+
+def micros_field(*, nullable: bool = False) -> Any:
+    """A BIGINT micro-USD amount."""
+    return Field(default=None, sa_column=sa.Column(sa.BigInteger, nullable=nullable))

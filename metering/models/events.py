@@ -1,0 +1,106 @@
+"""Runs, the raw events that describe them, and the priced usage lines."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlmodel import Field, SQLModel
+
+from metering.models.base import timestamp_field
+
+
+class RunRow(SQLModel, table=True):
+    """One agent run: ``(tenant, subject)``. Attempts and resumes belong to the same run.
+
+    The time columns are maintained at ingest (as max/min over the run's events, so the
+    order events arrive in does not matter) and let the sweeper find due runs by index.
+    """
+
+    __tablename__ = "runs"
+    __table_args__ = (
+        sa.UniqueConstraint("tenant_id", "subject"),
+        sa.ForeignKeyConstraint(
+            ["tenant_id", "customer_id"], ["customers.tenant_id", "customers.id"]
+        ),
+    )
+
+    id: int | None = Field(default=None, primary_key=True, sa_type=sa.BigInteger)
+    tenant_id: str = Field(foreign_key="tenants.id", max_length=64)
+    subject: str = Field(max_length=200)
+    customer_id: str = Field(max_length=128)
+    first_event_at: datetime = Field(
+        sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False)
+    )
+    last_event_at: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))
+    last_received_at: datetime = Field(
+        sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False)
+    )
+    terminal_at: datetime | None = timestamp_field(nullable=True)
+    event_count: int = Field(default=0, sa_column=sa.Column(sa.Integer, nullable=False))
+
+
+class EventRow(SQLModel, table=True):
+    """A raw CloudEvent exactly as accepted, in canonical form, with its content hash.
+
+    ``(tenant_id, source, event_id)`` is the idempotency key; ``body_hash`` tells a retry
+    (same content) from a conflict (same key, other content).
+    """
+
+    __tablename__ = "events"
+    __table_args__ = (
+        sa.UniqueConstraint("tenant_id", "source", "event_id"),
+        sa.Index("ix_events_run_id_time", "run_id", "time"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True, sa_type=sa.BigInteger)
+    tenant_id: str = Field(foreign_key="tenants.id", max_length=64)
+    source: str = Field(max_length=255)
+    event_id: str = Field(max_length=255)
+    type: str = Field(max_length=64)
+    run_id: int = Field(foreign_key="runs.id", sa_type=sa.BigInteger)
+    time: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))
+    received_at: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))
+    body_hash: bytes = Field(sa_column=sa.Column(sa.LargeBinary, nullable=False))
+    attributes: dict[str, Any] = Field(sa_column=sa.Column(JSONB, nullable=False))
+    data: dict[str, Any] = Field(sa_column=sa.Column(JSONB, nullable=False))
+
+
+class UsageLineRow(SQLModel, table=True):
+    """One priced ``run.usage`` event. Immutable: prices are fixed at the event's time."""
+
+    __tablename__ = "usage_lines"
+    __table_args__ = (
+        sa.CheckConstraint(
+            "input_tokens >= 0 AND cached_input_tokens >= 0 AND output_tokens >= 0",
+            name="tokens_not_negative",
+        ),
+        sa.CheckConstraint(
+            "input_micros >= 0 AND cached_input_micros >= 0 AND output_micros >= 0",
+            name="costs_not_negative",
+        ),
+        sa.CheckConstraint(
+            "gross_micros = input_micros + cached_input_micros + output_micros",
+            name="gross_is_sum_of_classes",
+        ),
+        sa.Index("ix_usage_lines_run_id", "run_id"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True, sa_type=sa.BigInteger)
+    event_pk: int = Field(foreign_key="events.id", unique=True, sa_type=sa.BigInteger)
+    run_id: int = Field(foreign_key="runs.id", sa_type=sa.BigInteger)
+    model: str = Field(max_length=128)
+    step: int = Field(sa_column=sa.Column(sa.Integer, nullable=False))
+    attempt: int = Field(sa_column=sa.Column(sa.Integer, nullable=False))
+    tool_call_id: str | None = Field(default=None, max_length=255)
+    replay: bool = Field(default=False)
+    input_tokens: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
+    cached_input_tokens: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
+    output_tokens: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
+    input_micros: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
+    cached_input_micros: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
+    output_micros: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
+    gross_micros: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
+    time: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))

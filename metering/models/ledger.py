@@ -1,0 +1,51 @@
+"""The append-only ledger (DESIGN §4).
+
+Ingest writes one ``hold`` per usage line. Settlement ``post``s the billed part and
+``release``s the credited part; support and late evidence add signed ``correction`` entries.
+A trigger in the migration refuses UPDATE and DELETE, so history cannot be rewritten.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import sqlalchemy as sa
+from sqlmodel import Field, SQLModel
+
+from metering.models.base import timestamp_field
+
+LEDGER_KINDS = ("hold", "post", "release", "correction")
+
+
+class LedgerEntryRow(SQLModel, table=True):
+    __tablename__ = "ledger_entries"
+    __table_args__ = (
+        sa.CheckConstraint("kind IN ('hold', 'post', 'release', 'correction')", name="kind_known"),
+        sa.CheckConstraint(
+            "kind = 'correction' OR amount_micros >= 0", name="only_corrections_are_signed"
+        ),
+        sa.CheckConstraint(
+            "(kind = 'hold') = (usage_line_id IS NOT NULL)", name="holds_reference_usage"
+        ),
+        # One hold per usage line: a retried ingest can never hold twice.
+        sa.Index(
+            "uq_ledger_entries_hold_usage_line",
+            "usage_line_id",
+            unique=True,
+            postgresql_where=sa.text("kind = 'hold'"),
+        ),
+        sa.Index("ix_ledger_entries_run_id", "run_id"),
+        sa.Index("ix_ledger_entries_tenant_id_customer_id", "tenant_id", "customer_id"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True, sa_type=sa.BigInteger)
+    tenant_id: str = Field(foreign_key="tenants.id", max_length=64)
+    customer_id: str = Field(max_length=128)
+    run_id: int = Field(foreign_key="runs.id", sa_type=sa.BigInteger)
+    kind: str = Field(max_length=16)
+    amount_micros: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
+    usage_line_id: int | None = Field(
+        default=None, foreign_key="usage_lines.id", sa_type=sa.BigInteger
+    )
+    decision_version: int | None = Field(default=None)
+    created_at: datetime | None = timestamp_field(default_now=True)

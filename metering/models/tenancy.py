@@ -1,0 +1,54 @@
+"""Tenants, their API keys and their customers."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import sqlalchemy as sa
+from sqlmodel import Field, SQLModel
+
+from metering.models.base import timestamp_field
+
+KEY_SCOPES = ("ingest", "customer", "support", "admin")
+
+
+class TenantRow(SQLModel, table=True):
+    __tablename__ = "tenants"
+
+    id: str = Field(primary_key=True, max_length=64)
+    created_at: datetime | None = timestamp_field(default_now=True)
+
+
+class ApiKeyRow(SQLModel, table=True):
+    """An API key. Only an HMAC of the secret is kept; the key id is the lookup handle."""
+
+    __tablename__ = "api_keys"
+    __table_args__ = (
+        sa.CheckConstraint(
+            "scope IN ('ingest', 'customer', 'support', 'admin')", name="scope_known"
+        ),
+        sa.CheckConstraint(
+            "(scope = 'customer') = (customer_id IS NOT NULL)", name="customer_scope_names_customer"
+        ),
+    )
+
+    key_id: str = Field(primary_key=True, max_length=32)
+    tenant_id: str = Field(foreign_key="tenants.id", max_length=64, index=True)
+    scope: str = Field(max_length=16)
+    customer_id: str | None = Field(default=None, max_length=128)
+    secret_hmac: str = Field(max_length=64)
+    label: str | None = Field(default=None, max_length=200)
+    created_at: datetime | None = timestamp_field(default_now=True)
+    expires_at: datetime | None = timestamp_field(nullable=True)
+    revoked_at: datetime | None = timestamp_field(nullable=True)
+
+
+class CustomerRow(SQLModel, table=True):
+    """A tenant's customer, created on its first event."""
+
+    __tablename__ = "customers"
+
+    tenant_id: str = Field(foreign_key="tenants.id", primary_key=True, max_length=64)
+    id: str = Field(primary_key=True, max_length=128)
+    stripe_customer_id: str | None = Field(default=None, max_length=255)
+    created_at: datetime | None = timestamp_field(default_now=True)

@@ -1,0 +1,31 @@
+"""Money is integer micro-USD everywhere. The one rounding function lives here."""
+
+from __future__ import annotations
+
+from decimal import ROUND_HALF_EVEN, Decimal
+
+MICROS_PER_USD = 1_000_000
+TOKENS_PER_PRICE_UNIT = 1_000_000  # catalog prices are per million tokens
+
+
+def round_half_even_div(numerator: int, denominator: int) -> int:
+    """Integer division rounded half to even, exactly (no floats anywhere).
+
+    Used for every price × tokens product so that the same line always costs the same
+    micros, whatever machine computes it.
+    """
+    if denominator <= 0:
+        raise ValueError("denominator must be positive")
+    quotient, remainder = divmod(numerator, denominator)
+    twice = 2 * remainder
+    if twice > denominator or (twice == denominator and quotient % 2 == 1):
+        quotient += 1
+    return quotient
+
+
+def format_usd(micros: int, places: int = 2) -> str:
+    """Render micros as a dollar string, rounded half-even to ``places`` decimals."""
+    value = (Decimal(micros) / MICROS_PER_USD).quantize(
+        Decimal(1).scaleb(-places), rounding=ROUND_HALF_EVEN
+    )
+    return f"{value:.{places}f}"

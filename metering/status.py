@@ -1,0 +1,77 @@
+"""Pure: the status words a user sees for a run (DESIGN §2).
+
+Unsettled runs are read off their events in time order; settled runs off their decision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final
+
+AGENT_RUNNING: Final = "Agent still running"
+CONNECTION_INTERRUPTED: Final = "Connection interrupted"
+RECONNECTING: Final = "Reconnecting"
+RESUMING: Final = "Resuming from checkpoint"
+# Not in DESIGN §2's table: a run whose terminal event is in but whose settlement grace has
+# not passed yet. Showing "Completed" or "Run failed — usage restored" before the policy has
+# decided would promise an outcome we might not give.
+SETTLING: Final = "Finished — settling usage"
+COMPLETED: Final = "Completed"
+COMPLETED_CREDITED: Final = "Completed — duplicate work credited"
+CANCELLED: Final = "Cancelled"
+FAILED_RESTORED: Final = "Run failed — usage restored"
+FAILED_PARTIAL: Final = "Run failed — partially credited"
+FAILED_CHARGED: Final = "Run failed — charged"
+UNDER_REVIEW: Final = "Under review"
+
+# Evaluation order for events with the same timestamp: the run's own lifecycle first.
+_TYPE_ORDER = {
+    "run.started": 0,
+    "connection.lost": 1,
+    "connection.restored": 2,
+    "run.resumed": 3,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class EventFact:
+    """What status and policy need of one stored event."""
+
+    event_id: str
+    type: str
+    time: datetime
+    data: dict[str, Any]
+
+
+def live_status(events: Iterable[EventFact], *, terminal: bool) -> str:
+    """The status of a run that has not been settled yet."""
+    if terminal:
+        return SETTLING
+    server_lost = client_lost = False
+    resuming_attempt: int | None = None
+    for event in sorted(events, key=lambda e: (e.time, _TYPE_ORDER.get(e.type, 9), e.event_id)):
+        side = event.data.get("side")
+        if event.type == "connection.lost":
+            server_lost |= side == "server"
+            client_lost |= side == "client"
+        elif event.type == "connection.restored":
+            server_lost &= side != "server"
+            client_lost &= side != "client"
+        elif event.type == "run.resumed":
+            server_lost = client_lost = False
+            resuming_attempt = int(event.data["attempt"])
+        elif (
+            event.type == "run.usage"
+            and resuming_attempt is not None
+            and int(event.data.get("attempt", 1)) >= resuming_attempt
+        ):
+            resuming_attempt = None
+    if resuming_attempt is not None:
+        return RESUMING
+    if server_lost:
+        return CONNECTION_INTERRUPTED
+    if client_lost:
+        return RECONNECTING
+    return AGENT_RUNNING

@@ -1,0 +1,39 @@
+"""The Celery application: Redis broker, settings chosen for at-least-once, idempotent tasks.
+
+Tasks re-check the database before acting, so acks-late redelivery is safe; results are
+never stored (nothing reads them).
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from metering.config import Settings, load_settings
+
+TASK_SOFT_TIME_LIMIT_S = 120
+TASK_TIME_LIMIT_S = 150
+
+
+def create_celery(settings: Settings | None = None) -> Celery:
+    settings = settings or load_settings()
+    app = Celery("fairmeter", broker=settings.redis_url, include=["reconciler.tasks"])
+    app.conf.update(
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_ignore_result=True,
+        task_serializer="json",
+        accept_content=["json"],
+        task_soft_time_limit=TASK_SOFT_TIME_LIMIT_S,
+        task_time_limit=TASK_TIME_LIMIT_S,
+        # Redelivery happens only after this; keep it above every task's hard limit.
+        broker_transport_options={"visibility_timeout": TASK_TIME_LIMIT_S * 4},
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+        timezone="UTC",
+        beat_schedule={},
+    )
+    return app
+
+
+app = create_celery()
