@@ -42,19 +42,10 @@ def _ingest(request: Request[Any, Any, Any], data: bytes, services: Services) ->
             received_at=datetime.now(UTC),
         )
         with raw_transaction(services.engine) as conn:
-            result = ingest_events(
-                conn,
-                ingest,
-                services.settings,
-                services.catalogs,
-                services.customers_known(principal.tenant_id),
-            )
+            result = ingest_events(conn, ingest, services.settings, services.catalogs)
     except MeteringError as exc:
         record_rejection(1, exc.code)
         raise
-    services.remember_customers(
-        principal.tenant_id, {e["data"]["customer"] for e in decoded.events}
-    )
     record_ingest(result.accepted, result.duplicates)
     return IngestReply(
         accepted=result.accepted,

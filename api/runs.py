@@ -6,6 +6,7 @@ from typing import Any
 
 from litestar import Request, get
 from litestar.datastructures import State
+from litestar.params import FromPath
 
 from api.services import Services
 from api.wire import RunReply
@@ -15,7 +16,7 @@ from metering.runs import get_run_view
 
 
 @get("/v1/runs/{run:str}", sync_to_thread=True, summary="A run's status", tags=["runs"])
-def get_run(request: Request[Any, Any, Any], run: str, state: State) -> RunReply:
+def get_run(request: Request[Any, Any, Any], run: FromPath[str], state: State) -> RunReply:
     services: Services = state.services
     principal = services.authenticate(
         request, Scope.INGEST, Scope.SUPPORT, Scope.ADMIN, Scope.CUSTOMER

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -24,8 +23,6 @@ class Services:
     keys: KeyStore
     catalogs: CatalogCache
     redis: redis.Redis
-    known_customers: dict[str, set[str]] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
     def build(cls, settings: Settings) -> Services:
@@ -48,15 +45,6 @@ class Services:
     def authenticate(self, request: Request[Any, Any, Any], *scopes: Scope) -> Principal:
         principal = self.keys.authenticate(bearer_key(request))
         return require_scope(principal, *scopes)
-
-    def customers_known(self, tenant_id: str) -> set[str]:
-        return self.known_customers.get(tenant_id, set())
-
-    def remember_customers(self, tenant_id: str, customers: set[str]) -> None:
-        with self._lock:
-            known = self.known_customers.setdefault(tenant_id, set())
-            if len(known) < 100_000:
-                known |= customers
 
     def close(self) -> None:
         self.engine.dispose()

@@ -1,0 +1,80 @@
+"""Health, readiness and metrics."""
+
+from __future__ import annotations
+
+import json
+
+from litestar.testing import TestClient
+
+from tests.support.events import STRUCTURED, auth, usage
+
+
+def test_healthz_answers(client):
+    assert client.get("/healthz").json() == {"status": "ok", "checks": {}}
+
+
+def test_readyz_is_ready_with_database_and_redis(client):
+    reply = client.get("/readyz")
+    assert reply.status_code == 200
+    assert reply.json()["checks"] == {"database": "ok", "redis": "ok"}
+
+
+def test_readyz_is_503_when_redis_is_unreachable(settings, db):
+    from api.app import create_app
+
+    broken = settings.model_copy(update={"redis_url": "redis://127.0.0.1:1/0"})
+    with TestClient(app=create_app(broken)) as client:
+        reply = client.get("/readyz")
+    assert reply.status_code == 503
+    assert reply.json()["checks"]["redis"].startswith("down")
+
+
+def test_readyz_is_503_when_the_database_is_unreachable(settings, db):
+    from api.app import create_app
+
+    broken = settings.model_copy(
+        update={"database_url": "postgresql://postgres@127.0.0.1:1/nothing"}
+    )
+    with TestClient(app=create_app(broken)) as client:
+        reply = client.get("/readyz")
+    assert reply.status_code == 503
+    assert reply.json()["checks"]["database"].startswith("down")
+
+
+def test_ingest_is_503_with_retry_after_when_the_database_is_unreachable(settings, db, make_key):
+    from api.app import create_app
+
+    key = make_key()
+    broken = settings.model_copy(
+        update={"database_url": "postgresql://postgres@127.0.0.1:1/nothing"}
+    )
+    with TestClient(app=create_app(broken)) as client:
+        reply = client.post("/v1/events", content=json.dumps(usage()), headers=auth(key, **STRUCTURED))
+    assert reply.status_code == 503
+    assert reply.headers["retry-after"] == "5"
+    assert reply.json()["code"] == "database_unavailable"
+
+
+def _sample(text: str, name: str, **labels: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_metrics_count_accepted_duplicate_and_rejected_events(client, make_key):
+    key = make_key()
+    before = client.get("/metrics").text
+    body = json.dumps(usage(id="m1"))
+    client.post("/v1/events", content=body, headers=auth(key, **STRUCTURED))
+    client.post("/v1/events", content=body, headers=auth(key, **STRUCTURED))
+    client.post("/v1/events", content=json.dumps(usage(model="nope")), headers=auth(key, **STRUCTURED))
+    after = client.get("/metrics").text
+    name = "fairmeter_events_total"
+    assert _sample(after, name, result="accepted") - _sample(before, name, result="accepted") == 1
+    assert _sample(after, name, result="duplicate") - _sample(before, name, result="duplicate") == 1
+    delta = _sample(after, name, result="rejected", code="unknown_model") - _sample(
+        before, name, result="rejected", code="unknown_model"
+    )
+    assert delta == 1
+    assert "fairmeter_request_seconds_bucket" in after
