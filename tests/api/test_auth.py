@@ -117,7 +117,10 @@ def test_expired_key_is_401(client, engine, stored_run):
 
     with raw_transaction(engine) as conn:
         _, raw = create_key(
-            conn, tenant_id="acme", scope=Scope.SUPPORT, pepper=TEST_PEPPER,
+            conn,
+            tenant_id="acme",
+            scope=Scope.SUPPORT,
+            pepper=TEST_PEPPER,
             expires_at=datetime.now(UTC) - timedelta(seconds=1),
         )
     reply = read_run(client, raw)

@@ -49,7 +49,9 @@ def test_ingest_is_503_with_retry_after_when_the_database_is_unreachable(setting
         update={"database_url": "postgresql://postgres@127.0.0.1:1/nothing"}
     )
     with TestClient(app=create_app(broken)) as client:
-        reply = client.post("/v1/events", content=json.dumps(usage()), headers=auth(key, **STRUCTURED))
+        reply = client.post(
+            "/v1/events", content=json.dumps(usage()), headers=auth(key, **STRUCTURED)
+        )
     assert reply.status_code == 503
     assert reply.headers["retry-after"] == "5"
     assert reply.json()["code"] == "database_unavailable"
@@ -68,7 +70,9 @@ def test_metrics_count_accepted_duplicate_and_rejected_events(client, make_key):
     body = json.dumps(usage(id="m1"))
     client.post("/v1/events", content=body, headers=auth(key, **STRUCTURED))
     client.post("/v1/events", content=body, headers=auth(key, **STRUCTURED))
-    client.post("/v1/events", content=json.dumps(usage(model="nope")), headers=auth(key, **STRUCTURED))
+    client.post(
+        "/v1/events", content=json.dumps(usage(model="nope")), headers=auth(key, **STRUCTURED)
+    )
     after = client.get("/metrics").text
     name = "fairmeter_events_total"
     assert _sample(after, name, result="accepted") - _sample(before, name, result="accepted") == 1

@@ -30,7 +30,8 @@ def status_of(client: Any, key: str, run: str = "run-1") -> dict[str, Any]:
 def test_run_with_events_flowing_is_still_running_with_tentative_gross(client, make_key):
     key = make_key()
     send(
-        client, key,
+        client,
+        key,
         event(type="run.started", time=at(0), attempt=1),
         usage(step=1, input_tokens=1000, output_tokens=500, time=at(1)),
         usage(step=2, input_tokens=2000, output_tokens=0, cached_input_tokens=10_000, time=at(2)),
@@ -47,8 +48,12 @@ def test_run_with_events_flowing_is_still_running_with_tentative_gross(client, m
 
 def test_server_side_drop_shows_connection_interrupted_until_resume(client, make_key):
     key = make_key()
-    send(client, key, usage(step=1, time=at(1)),
-         event(type="connection.lost", side="server", reason="reset", time=at(2)))
+    send(
+        client,
+        key,
+        usage(step=1, time=at(1)),
+        event(type="connection.lost", side="server", reason="reset", time=at(2)),
+    )
     assert status_of(client, key)["status"] == "Connection interrupted"
     send(client, key, event(type="run.resumed", attempt=2, from_checkpoint="ck1", time=at(3)))
     assert status_of(client, key)["status"] == "Resuming from checkpoint"
@@ -60,8 +65,12 @@ def test_server_side_drop_shows_connection_interrupted_until_resume(client, make
 
 def test_client_side_drop_shows_reconnecting_until_restored(client, make_key):
     key = make_key()
-    send(client, key, usage(step=1, time=at(1)),
-         event(type="connection.lost", side="client", reason="wifi", time=at(2)))
+    send(
+        client,
+        key,
+        usage(step=1, time=at(1)),
+        event(type="connection.lost", side="client", reason="wifi", time=at(2)),
+    )
     assert status_of(client, key)["status"] == "Reconnecting"
     send(client, key, event(type="connection.restored", side="client", time=at(3)))
     assert status_of(client, key)["status"] == "Agent still running"

@@ -43,12 +43,24 @@ def build_events() -> tuple[list[dict[str, Any]], int, dict[str, int]]:
         # Odd token counts hit the half-even rounding on purpose.
         tokens = (rng.randint(0, 50_000), rng.randint(0, 20_000), rng.randint(1, 9_999))
         customer = f"cust-{i % 7}"
-        events.append({
-            "specversion": "1.0", "id": f"u-{i}", "source": "gateway/edge-3", "type": "run.usage",
-            "subject": f"run-{i % 40}-{customer}", "time": iso(now + timedelta(milliseconds=i)),
-            "data": {"customer": customer, "step": i, "model": model, "input_tokens": tokens[0],
-                     "cached_input_tokens": tokens[1], "output_tokens": tokens[2]},
-        })
+        events.append(
+            {
+                "specversion": "1.0",
+                "id": f"u-{i}",
+                "source": "gateway/edge-3",
+                "type": "run.usage",
+                "subject": f"run-{i % 40}-{customer}",
+                "time": iso(now + timedelta(milliseconds=i)),
+                "data": {
+                    "customer": customer,
+                    "step": i,
+                    "model": model,
+                    "input_tokens": tokens[0],
+                    "cached_input_tokens": tokens[1],
+                    "output_tokens": tokens[2],
+                },
+            }
+        )
         cost = expected_cost(model, tokens)
         total += cost
         per_customer[customer] = per_customer.get(customer, 0) + cost
@@ -58,8 +70,10 @@ def build_events() -> tuple[list[dict[str, Any]], int, dict[str, int]]:
 def client_sends_everything(base: str, key: str, events: list[dict[str, Any]], seed: int) -> int:
     rng = random.Random(seed)
     accepted = 0
-    headers = {"authorization": f"Bearer {key}",
-               "content-type": "application/cloudevents-batch+json"}
+    headers = {
+        "authorization": f"Bearer {key}",
+        "content-type": "application/cloudevents-batch+json",
+    }
     with httpx.Client(base_url=base, headers=headers, timeout=60) as http:
         for _ in range(ROUNDS):
             batches = [events[i : i + BATCH] for i in range(0, len(events), BATCH)]
@@ -75,9 +89,11 @@ def test_concurrent_retries_store_each_event_once_with_exact_totals(live_server,
     key = make_key()
     events, expected_total, expected_per_customer = build_events()
     with ThreadPoolExecutor(max_workers=CLIENTS) as pool:
-        accepted = sum(pool.map(
-            lambda seed: client_sends_everything(live_server, key, events, seed), range(CLIENTS)
-        ))
+        accepted = sum(
+            pool.map(
+                lambda seed: client_sends_everything(live_server, key, events, seed), range(CLIENTS)
+            )
+        )
     assert accepted == EVENTS  # every event reported "accepted" to exactly one client
     assert db.execute("SELECT count(*) FROM events").fetchone() == (EVENTS,)
     assert db.execute("SELECT count(*) FROM usage_lines").fetchone() == (EVENTS,)

@@ -24,14 +24,16 @@ DEC = datetime(2026, 12, 1, tzinfo=UTC)
 
 
 def catalog() -> PriceCatalog:
-    return PriceCatalog.from_prices([
-        Price("m", TokenClass.INPUT, 3_000_000, JAN),
-        Price("m", TokenClass.CACHED_INPUT, 300_000, JAN),
-        Price("m", TokenClass.OUTPUT, 15_000_000, JAN),
-        Price("m", TokenClass.INPUT, 2_500_000, DEC),
-        Price("m", TokenClass.CACHED_INPUT, 250_000, DEC),
-        Price("m", TokenClass.OUTPUT, 12_000_000, DEC),
-    ])
+    return PriceCatalog.from_prices(
+        [
+            Price("m", TokenClass.INPUT, 3_000_000, JAN),
+            Price("m", TokenClass.CACHED_INPUT, 300_000, JAN),
+            Price("m", TokenClass.OUTPUT, 15_000_000, JAN),
+            Price("m", TokenClass.INPUT, 2_500_000, DEC),
+            Price("m", TokenClass.CACHED_INPUT, 250_000, DEC),
+            Price("m", TokenClass.OUTPUT, 12_000_000, DEC),
+        ]
+    )
 
 
 @pytest.mark.parametrize(

@@ -33,14 +33,18 @@ def test_server_drop_without_restore_is_interrupted():
 
 
 def test_server_restore_clears_the_interruption():
-    events = [fact("connection.lost", 2, side="server"),
-              fact("connection.restored", 3, side="server")]
+    events = [
+        fact("connection.lost", 2, side="server"),
+        fact("connection.restored", 3, side="server"),
+    ]
     assert live_status(events, terminal=False) == AGENT_RUNNING
 
 
 def test_client_restore_does_not_clear_a_server_drop():
-    events = [fact("connection.lost", 2, side="server"),
-              fact("connection.restored", 3, side="client")]
+    events = [
+        fact("connection.lost", 2, side="server"),
+        fact("connection.restored", 3, side="client"),
+    ]
     assert live_status(events, terminal=False) == CONNECTION_INTERRUPTED
 
 
@@ -51,15 +55,18 @@ def test_client_drop_is_reconnecting():
 def test_resume_without_new_usage_is_resuming_then_running_after_usage():
     events = [fact("connection.lost", 2, side="server"), fact("run.resumed", 3, attempt=2)]
     assert live_status(events, terminal=False) == RESUMING
-    old_attempt_usage = events + [fact("run.usage", 4, attempt=1)]
+    old_attempt_usage = [*events, fact("run.usage", 4, attempt=1)]
     assert live_status(old_attempt_usage, terminal=False) == RESUMING
     events.append(fact("run.usage", 4, attempt=2))
     assert live_status(events, terminal=False) == AGENT_RUNNING
 
 
 def test_drop_after_resume_is_interrupted_again():
-    events = [fact("run.resumed", 3, attempt=2), fact("run.usage", 4, attempt=2),
-              fact("connection.lost", 5, side="server")]
+    events = [
+        fact("run.resumed", 3, attempt=2),
+        fact("run.usage", 4, attempt=2),
+        fact("connection.lost", 5, side="server"),
+    ]
     assert live_status(list(reversed(events)), terminal=False) == CONNECTION_INTERRUPTED
 
 

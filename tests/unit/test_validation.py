@@ -14,8 +14,13 @@ WINDOW = TimeWindow(now=NOW, max_future=timedelta(minutes=5), max_age=timedelta(
 
 def raw(**overrides):
     event = {
-        "specversion": "1.0", "id": "e1", "source": "s", "type": "run.heartbeat",
-        "subject": "r1", "time": "2026-11-30T11:59:00Z", "data": {"customer": "c"},
+        "specversion": "1.0",
+        "id": "e1",
+        "source": "s",
+        "type": "run.heartbeat",
+        "subject": "r1",
+        "time": "2026-11-30T11:59:00Z",
+        "data": {"customer": "c"},
     }
     event.update(overrides)
     return event
@@ -25,7 +30,9 @@ def test_same_event_in_structured_and_binary_shape_has_the_same_hash():
     structured = validate_event(raw(), "$", 0, WINDOW)
     binary = validate_event(
         raw(time="2026-11-30T11:59:00.000000+00:00", datacontenttype="application/json"),
-        "$", 0, WINDOW,
+        "$",
+        0,
+        WINDOW,
     )
     assert isinstance(structured, ValidEvent) and isinstance(binary, ValidEvent)
     assert structured.body_hash == binary.body_hash
