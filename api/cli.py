@@ -110,6 +110,11 @@ def serve(host: str, port: int, workers: int) -> None:
     run_api(host=host, port=port, workers=workers)
 
 
+from api.launcher import up  # noqa: E402 - registered after the commands defined here
+
+main.add_command(up)
+
+
 def run() -> None:
     try:
         main(standalone_mode=True)

