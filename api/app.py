@@ -11,7 +11,7 @@ from api.logs import configure_logging
 from api.metrics import latency_middleware
 from api.ops import healthz, metrics, readyz
 from api.problems import EXCEPTION_HANDLERS
-from api.runs import get_run
+from api.runs import get_run, settle_run_now
 from api.services import Services
 from metering.config import Settings, load_settings
 
@@ -25,7 +25,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         services.close()
 
     return Litestar(
-        route_handlers=[post_events, get_run, healthz, readyz, metrics],
+        route_handlers=[post_events, get_run, settle_run_now, healthz, readyz, metrics],
         state=State({"services": services}),
         exception_handlers=EXCEPTION_HANDLERS,
         middleware=[latency_middleware],

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 import msgspec
 
@@ -20,6 +19,21 @@ class IngestReply(msgspec.Struct):
     events: list[EventResult]
 
 
+class DecisionReply(msgspec.Struct):
+    version: int
+    origin: str
+    outcome: str
+    status: str
+    gross_micros: int
+    billed_micros: int
+    credited_micros: int
+    rule_ids: list[str]
+    evidence_event_ids: list[str]
+    explanation: str
+    period: str
+    decided_at: datetime
+
+
 class RunReply(msgspec.Struct):
     run: str
     customer: str
@@ -30,7 +44,7 @@ class RunReply(msgspec.Struct):
     credited_micros: int | None
     rule_ids: list[str]
     explanation: str | None
-    decisions: list[dict[str, Any]]
+    decisions: list[DecisionReply]
     event_count: int
     event_counts: dict[str, int]
     attempts: int
@@ -38,6 +52,8 @@ class RunReply(msgspec.Struct):
     last_event_at: datetime
     last_received_at: datetime
     terminal_at: datetime | None
+    settled: bool
+    reopened: bool
 
 
 class Health(msgspec.Struct):

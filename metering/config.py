@@ -51,6 +51,19 @@ class Settings(BaseSettings):
     resume_window_s: int = 900
     idle_timeout_s: int = 3600
 
+    # The sweeper (DESIGN §2, STYLE rule 5): it claims due runs with a lease, hands them to
+    # workers in chunks, and parks a run that fails this many times in a row.
+    sweep_interval_s: float = 5.0
+    sweep_batch_size: int = 5000
+    settle_chunk_size: int = 200
+    claim_lease_s: int = 120
+    max_settle_attempts: int = 5
+
+    # Protection cap (R8), per customer per calendar month (UTC).
+    cap_fraction_ppm: int = 250_000
+    cap_floor_micros: int = 5_000_000
+    cap_runs: int = 20
+
     # Database pool.
     db_pool_size: int = 10
     db_max_overflow: int = 20

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -11,11 +11,28 @@ import psycopg
 
 from metering.errors import not_found
 from metering.keys import Principal, Scope
-from metering.status import EventFact, live_status
+from metering.status import UNDER_REVIEW, EventFact, live_status
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionView:
+    version: int
+    origin: str
+    outcome: str
+    status: str
+    gross_micros: int
+    billed_micros: int
+    credited_micros: int
+    rule_ids: list[str]
+    evidence_event_ids: list[str]
+    explanation: str
+    period: str
+    decided_at: datetime
 
 
 @dataclass(frozen=True, slots=True)
 class RunView:
+    run_id: int
     run: str
     customer: str
     status: str
@@ -25,28 +42,33 @@ class RunView:
     credited_micros: int | None
     rule_ids: list[str]
     explanation: str | None
-    decisions: list[dict[str, Any]]
+    decisions: list[DecisionView]
     event_count: int
     event_counts: dict[str, int]
     first_event_at: datetime
     last_event_at: datetime
     last_received_at: datetime
     terminal_at: datetime | None
-    attempts: int = 1
-    extra: dict[str, Any] = field(default_factory=dict)
+    attempts: int
+    settled: bool
+    reopened: bool
+    parked: bool
 
 
 RUN_ROW = """
 SELECT id, customer_id, first_event_at, last_event_at, last_received_at, terminal_at,
-       event_count
+       event_count, gross_micros, decision_version, evidence_version, settled_evidence_version,
+       parked_at
 FROM runs WHERE tenant_id = %s AND subject = %s
 """
 
 RUN_EVENTS = "SELECT event_id, type, time, data FROM events WHERE run_id = %s ORDER BY time, id"
 
-RUN_GROSS = (
-    "SELECT COALESCE(sum(amount_micros), 0) FROM ledger_entries WHERE run_id = %s AND kind = 'hold'"
-)
+RUN_DECISIONS = """
+SELECT version, origin, outcome, status, gross_micros, billed_micros, credited_micros,
+       rule_ids, evidence_event_ids, explanation, period, decided_at
+FROM decisions WHERE run_id = %s ORDER BY version
+"""
 
 
 def visible_to(principal: Principal, customer_id: str) -> bool:
@@ -56,35 +78,71 @@ def visible_to(principal: Principal, customer_id: str) -> bool:
     return True
 
 
+def find_run_id(conn: psycopg.Connection[Any], principal: Principal, subject: str) -> int:
+    """The run's id when the principal may see it; 404 otherwise (ids cannot be probed)."""
+    row = conn.execute(
+        "SELECT id, customer_id FROM runs WHERE tenant_id = %s AND subject = %s",
+        (principal.tenant_id, subject),
+    ).fetchone()
+    if row is None or not visible_to(principal, row[1]):
+        raise not_found(f"no run {subject}", code="run_not_found")
+    return int(row[0])
+
+
 def get_run_view(conn: psycopg.Connection[Any], principal: Principal, subject: str) -> RunView:
     """The run as its reader may see it; 404 for runs of other tenants or customers."""
-    with conn.cursor() as cur:
-        cur.execute(RUN_ROW, (principal.tenant_id, subject))
-        row = cur.fetchone()
-        if row is None or not visible_to(principal, row[1]):
-            raise not_found(f"no run {subject}", code="run_not_found")
-        run_id, customer, first_at, last_at, received_at, terminal_at, count = row
-        cur.execute(RUN_EVENTS, (run_id,))
-        facts = [EventFact(e, t, at, d) for e, t, at, d in cur.fetchall()]
-        cur.execute(RUN_GROSS, (run_id,))
-        (gross,) = cur.fetchone() or (0,)
-    attempts = max((int(f.data.get("attempt", 1)) for f in facts), default=1)
+    row = conn.execute(RUN_ROW, (principal.tenant_id, subject)).fetchone()
+    if row is None or not visible_to(principal, row[1]):
+        raise not_found(f"no run {subject}", code="run_not_found")
+    (
+        run_id,
+        customer,
+        first_at,
+        last_at,
+        received_at,
+        terminal_at,
+        count,
+        gross,
+        decision_version,
+        evidence_version,
+        settled_version,
+        parked_at,
+    ) = row
+    facts = [EventFact(*e) for e in conn.execute(RUN_EVENTS, (run_id,)).fetchall()]
+    decisions = [DecisionView(*d) for d in conn.execute(RUN_DECISIONS, (run_id,)).fetchall()]
+    in_force = decisions[-1] if decisions else None
+    if parked_at is not None:
+        status = UNDER_REVIEW
+    elif in_force is not None:
+        status = in_force.status
+    else:
+        status = live_status(facts, terminal=terminal_at is not None)
     return RunView(
+        run_id=run_id,
         run=subject,
         customer=customer,
-        status=live_status(facts, terminal=terminal_at is not None),
-        outcome=None,
+        status=status,
+        outcome=in_force.outcome if in_force else None,
         gross_micros=int(gross),
-        billed_micros=None,
-        credited_micros=None,
-        rule_ids=[],
-        explanation=None,
-        decisions=[],
+        billed_micros=_billed(in_force),
+        credited_micros=in_force.credited_micros if in_force else None,
+        rule_ids=in_force.rule_ids if in_force else [],
+        explanation=in_force.explanation if in_force else None,
+        decisions=decisions,
         event_count=count,
         event_counts=dict(Counter(f.type for f in facts)),
         first_event_at=first_at,
         last_event_at=last_at,
         last_received_at=received_at,
         terminal_at=terminal_at,
-        attempts=attempts,
+        attempts=max((int(f.data.get("attempt", 1)) for f in facts), default=1),
+        settled=decision_version > 0,
+        reopened=decision_version > 0 and evidence_version > settled_version,
+        parked=parked_at is not None,
     )
+
+
+def _billed(decision: DecisionView | None) -> int | None:
+    if decision is None:
+        return None
+    return decision.billed_micros

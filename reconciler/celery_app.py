@@ -31,7 +31,14 @@ def create_celery(settings: Settings | None = None) -> Celery:
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
         timezone="UTC",
-        beat_schedule={},
+        beat_schedule={
+            "sweep-due-runs": {
+                "task": "fairmeter.sweep_due_runs",
+                "schedule": settings.sweep_interval_s,
+                # A sweep older than one interval is stale: the next one does its work.
+                "options": {"expires": settings.sweep_interval_s},
+            },
+        },
     )
     return app
 

@@ -24,6 +24,8 @@ from metering.ingest.validation import ValidEvent
 from metering.pricing import PricedUsage
 
 EventKey = tuple[str, str]  # (source, id)
+# Signs of life after a drop: they close an open connection.lost for the resume window.
+RECOVERY_TYPES = frozenset({"connection.restored", "run.resumed", USAGE_TYPE})
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,16 +97,20 @@ FROM lines JOIN runs r ON r.id = lines.run_id
 UPDATE_RUN_AGGREGATES = """
 UPDATE runs SET
     event_count = runs.event_count + agg.n,
+    evidence_version = runs.evidence_version + agg.n,
+    gross_micros = runs.gross_micros + agg.gross,
     first_event_at = LEAST(runs.first_event_at, agg.first_at),
     last_event_at = GREATEST(runs.last_event_at, agg.last_at),
-    terminal_at = CASE WHEN agg.terminal_at IS NULL THEN runs.terminal_at
-                       ELSE LEAST(COALESCE(runs.terminal_at, agg.terminal_at), agg.terminal_at)
-                  END
+    terminal_at = LEAST(runs.terminal_at, agg.terminal_at),
+    last_lost_at = GREATEST(runs.last_lost_at, agg.lost_at),
+    last_recovered_at = GREATEST(runs.last_recovered_at, agg.recovered_at)
 FROM (
-    SELECT rid, count(*) AS n, min(t) AS first_at, max(t) AS last_at,
-           min(t) FILTER (WHERE terminal) AS terminal_at
-    FROM unnest(%(run_ids)s::bigint[], %(times)s::timestamptz[], %(terminal)s::bool[])
-         AS u(rid, t, terminal)
+    SELECT rid, count(*) AS n, sum(g) AS gross, min(t) AS first_at, max(t) AS last_at,
+           min(t) FILTER (WHERE kind = 'terminal') AS terminal_at,
+           max(t) FILTER (WHERE kind = 'lost') AS lost_at,
+           max(t) FILTER (WHERE kind = 'recovered') AS recovered_at
+    FROM unnest(%(run_ids)s::bigint[], %(times)s::timestamptz[], %(kinds)s::text[],
+                %(gross)s::bigint[]) AS u(rid, t, kind, g)
     GROUP BY rid
 ) AS agg
 WHERE runs.id = agg.rid
@@ -137,7 +143,7 @@ def store_events(
         _reject_conflicts(cur, tenant_id, unique, inserted)
         fresh = [e for e in unique if (e.source, e.id) in inserted]
         _insert_usage(cur, tenant_id, fresh, run_ids, inserted, prices)
-        _update_run_aggregates(cur, fresh, run_ids)
+        _update_run_aggregates(cur, fresh, run_ids, prices)
     outcomes = []
     for event in events:
         is_new = (event.source, event.id) in inserted and event.index not in in_request_duplicates
@@ -295,8 +301,22 @@ def _insert_usage(
     )
 
 
+def clock_kind(event: ValidEvent) -> str:
+    """How an event moves the run's settlement clock (see ``metering.settlement.due``)."""
+    if event.type in TERMINAL_TYPES:
+        return "terminal"
+    if event.type == "connection.lost":
+        return "lost"
+    if event.type in RECOVERY_TYPES:
+        return "recovered"
+    return "other"
+
+
 def _update_run_aggregates(
-    cur: psycopg.Cursor[Any], fresh: Sequence[ValidEvent], run_ids: dict[str, int]
+    cur: psycopg.Cursor[Any],
+    fresh: Sequence[ValidEvent],
+    run_ids: dict[str, int],
+    prices: dict[int, PricedUsage],
 ) -> None:
     if not fresh:
         return
@@ -305,6 +325,7 @@ def _update_run_aggregates(
         {
             "run_ids": [run_ids[e.subject] for e in fresh],
             "times": [e.time for e in fresh],
-            "terminal": [e.type in TERMINAL_TYPES for e in fresh],
+            "kinds": [clock_kind(e) for e in fresh],
+            "gross": [prices[e.index].total_micros if e.index in prices else 0 for e in fresh],
         },
     )

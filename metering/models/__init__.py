@@ -8,11 +8,13 @@ from metering.models.base import metadata
 from metering.models.catalog import PriceRow
 from metering.models.events import EventRow, RunRow, UsageLineRow
 from metering.models.ledger import LedgerEntryRow
+from metering.models.settlement import DecisionRow
 from metering.models.tenancy import ApiKeyRow, CustomerRow, TenantRow
 
 __all__ = [
     "ApiKeyRow",
     "CustomerRow",
+    "DecisionRow",
     "EventRow",
     "LedgerEntryRow",
     "PriceRow",

@@ -25,6 +25,19 @@ class RunRow(SQLModel, table=True):
         sa.ForeignKeyConstraint(
             ["tenant_id", "customer_id"], ["customers.tenant_id", "customers.id"]
         ),
+        sa.CheckConstraint("gross_micros >= 0", name="gross_not_negative"),
+        sa.CheckConstraint(
+            "billed_micros >= 0 AND credited_micros >= 0", name="position_not_negative"
+        ),
+        # The sweeper's work list: runs with evidence no decision has seen yet.
+        sa.Index(
+            "ix_runs_pending",
+            "last_event_at",
+            postgresql_where=sa.text(
+                "settled_evidence_version < evidence_version AND parked_at IS NULL"
+            ),
+        ),
+        sa.Index("ix_runs_tenant_id_customer_id_period", "tenant_id", "customer_id", "period"),
     )
 
     id: int | None = Field(default=None, primary_key=True, sa_type=sa.BigInteger)
@@ -39,7 +52,46 @@ class RunRow(SQLModel, table=True):
         sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False)
     )
     terminal_at: datetime | None = timestamp_field(nullable=True)
+    # Latest connection.lost, and latest sign of life after one (restore, resume, usage):
+    # a drop is "open" while last_lost_at > last_recovered_at.
+    last_lost_at: datetime | None = timestamp_field(nullable=True)
+    last_recovered_at: datetime | None = timestamp_field(nullable=True)
     event_count: int = Field(default=0, sa_column=sa.Column(sa.Integer, nullable=False))
+    gross_micros: int = Field(
+        default=0, sa_column=sa.Column(sa.BigInteger, nullable=False, server_default="0")
+    )
+    # Every accepted event bumps evidence_version; a decision records the version it saw.
+    evidence_version: int = Field(
+        default=0, sa_column=sa.Column(sa.Integer, nullable=False, server_default="0")
+    )
+    settled_evidence_version: int = Field(
+        default=0, sa_column=sa.Column(sa.Integer, nullable=False, server_default="0")
+    )
+    # The decision in force, denormalised for the read side and for the cap (R8).
+    decision_version: int = Field(
+        default=0, sa_column=sa.Column(sa.Integer, nullable=False, server_default="0")
+    )
+    outcome: str | None = Field(default=None, max_length=32)
+    status: str | None = Field(default=None, max_length=64)
+    period: str | None = Field(default=None, max_length=7)
+    ended_at: datetime | None = timestamp_field(nullable=True)
+    # The run's ledger position: what has been posted as billed and released as credited.
+    billed_micros: int = Field(
+        default=0, sa_column=sa.Column(sa.BigInteger, nullable=False, server_default="0")
+    )
+    credited_micros: int = Field(
+        default=0, sa_column=sa.Column(sa.BigInteger, nullable=False, server_default="0")
+    )
+    auto_credited_micros: int = Field(
+        default=0, sa_column=sa.Column(sa.BigInteger, nullable=False, server_default="0")
+    )
+    # Sweeper bookkeeping: a claim lease, an attempt counter, and parking for poison runs.
+    claimed_until: datetime | None = timestamp_field(nullable=True)
+    settle_attempts: int = Field(
+        default=0, sa_column=sa.Column(sa.Integer, nullable=False, server_default="0")
+    )
+    parked_at: datetime | None = timestamp_field(nullable=True)
+    parked_reason: str | None = Field(default=None, max_length=500)
 
 
 class EventRow(SQLModel, table=True):

@@ -1,7 +1,10 @@
 """The append-only ledger (DESIGN §4).
 
 Ingest writes one ``hold`` per usage line. Settlement ``post``s the billed part and
-``release``s the credited part; support and late evidence add signed ``correction`` entries.
+``release``s the credited part; support and late evidence add signed ``correction`` entries
+that name the side they correct (``billed`` or ``credited``). So, per run:
+gross = Σ hold; billed = Σ post + Σ correction(billed); credited = Σ release +
+Σ correction(credited); and once settled (and not held) gross = billed + credited.
 A trigger in the migration refuses UPDATE and DELETE, so history cannot be rewritten.
 """
 
@@ -34,6 +37,23 @@ class LedgerEntryRow(SQLModel, table=True):
             unique=True,
             postgresql_where=sa.text("kind = 'hold'"),
         ),
+        sa.CheckConstraint(
+            "(kind = 'correction') = (corrects IS NOT NULL)", name="corrections_name_a_side"
+        ),
+        sa.CheckConstraint(
+            "corrects IS NULL OR corrects IN ('billed', 'credited')", name="corrects_known"
+        ),
+        # A decision's postings are written once: a retried settlement cannot post twice.
+        sa.Index(
+            "uq_ledger_entries_decision_posting",
+            "run_id",
+            "decision_version",
+            "kind",
+            "corrects",
+            unique=True,
+            postgresql_where=sa.text("kind <> 'hold'"),
+            postgresql_nulls_not_distinct=True,
+        ),
         sa.Index("ix_ledger_entries_run_id", "run_id"),
         sa.Index("ix_ledger_entries_tenant_id_customer_id", "tenant_id", "customer_id"),
     )
@@ -48,4 +68,5 @@ class LedgerEntryRow(SQLModel, table=True):
         default=None, foreign_key="usage_lines.id", sa_type=sa.BigInteger
     )
     decision_version: int | None = Field(default=None)
+    corrects: str | None = Field(default=None, max_length=16)  # "billed" | "credited"
     created_at: datetime | None = timestamp_field(default_now=True)

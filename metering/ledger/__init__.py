@@ -1,0 +1,1 @@
+"""The append-only ledger: pure postings (here) and their storage (``repo``)."""

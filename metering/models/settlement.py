@@ -1,0 +1,48 @@
+"""Decisions: numbered, immutable versions per run; the newest is in force (DESIGN §4)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlmodel import Field, SQLModel
+
+from metering.models.base import timestamp_field
+
+
+class DecisionRow(SQLModel, table=True):
+    __tablename__ = "decisions"
+    __table_args__ = (
+        sa.UniqueConstraint("run_id", "version"),
+        sa.CheckConstraint(
+            "outcome IN ('confirmed', 'partially_credited', 'refunded', 'held_for_review')",
+            name="outcome_known",
+        ),
+        sa.CheckConstraint(
+            "billed_micros >= 0 AND credited_micros >= 0 "
+            "AND billed_micros + credited_micros = gross_micros",
+            name="billed_plus_credited_is_gross",
+        ),
+        sa.CheckConstraint("version >= 1", name="version_positive"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True, sa_type=sa.BigInteger)
+    run_id: int = Field(foreign_key="runs.id", sa_type=sa.BigInteger)
+    version: int = Field(sa_column=sa.Column(sa.Integer, nullable=False))
+    tenant_id: str = Field(max_length=64)
+    customer_id: str = Field(max_length=128)
+    origin: str = Field(max_length=16)  # "policy" | "support"
+    outcome: str = Field(max_length=32)
+    status: str = Field(max_length=64)
+    gross_micros: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
+    billed_micros: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
+    credited_micros: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
+    credited_line_ids: list[int] = Field(sa_column=sa.Column(ARRAY(sa.BigInteger), nullable=False))
+    rule_ids: list[str] = Field(sa_column=sa.Column(ARRAY(sa.Text), nullable=False))
+    evidence_event_ids: list[str] = Field(sa_column=sa.Column(ARRAY(sa.Text), nullable=False))
+    explanation: str = Field(sa_column=sa.Column(sa.Text, nullable=False))
+    evidence_version: int = Field(sa_column=sa.Column(sa.Integer, nullable=False))
+    period: str = Field(max_length=7)
+    ended_at: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))
+    decided_at: datetime | None = timestamp_field(default_now=True)

@@ -1,0 +1,1 @@
+"""Settlement: find due runs, lock them, load their facts, decide, post to the ledger."""

@@ -1,0 +1,157 @@
+"""When a run is due for settlement (DESIGN §2), and claiming due runs for the workers.
+
+A run is due at the earliest of: terminal event + ``settle_grace``; an open
+``connection.lost`` + ``resume_window`` (open = no restore, resume or usage after it); last
+event + ``idle_timeout``. Only runs with evidence no decision has seen are considered, so a
+late event re-opens a settled run by itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+
+from metering.config import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class Windows:
+    settle_grace: timedelta
+    resume_window: timedelta
+    idle_timeout: timedelta
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Windows:
+        return cls(
+            timedelta(seconds=settings.settle_grace_s),
+            timedelta(seconds=settings.resume_window_s),
+            timedelta(seconds=settings.idle_timeout_s),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RunClock:
+    """The times of a run that decide when it is due."""
+
+    terminal_at: datetime | None
+    last_event_at: datetime
+    last_lost_at: datetime | None
+    last_recovered_at: datetime | None
+
+    @property
+    def drop_is_open(self) -> bool:
+        if self.last_lost_at is None:
+            return False
+        return self.last_recovered_at is None or self.last_recovered_at < self.last_lost_at
+
+
+def due_at(clock: RunClock, windows: Windows) -> datetime:
+    """Pure: the moment the run becomes due. Mirrors ``DUE_AT_SQL`` (a test checks both)."""
+    candidates = [clock.last_event_at + windows.idle_timeout]
+    if clock.terminal_at is not None:
+        candidates.append(clock.terminal_at + windows.settle_grace)
+    if clock.drop_is_open and clock.last_lost_at is not None:
+        candidates.append(clock.last_lost_at + windows.resume_window)
+    return min(candidates)
+
+
+DUE_AT_SQL = """
+LEAST(
+    runs.last_event_at + %(idle)s,
+    runs.terminal_at + %(grace)s,
+    CASE WHEN runs.last_lost_at IS NOT NULL
+              AND (runs.last_recovered_at IS NULL OR runs.last_recovered_at < runs.last_lost_at)
+         THEN runs.last_lost_at + %(resume)s END
+)
+"""
+
+PARK_POISON_RUNS = """
+UPDATE runs SET parked_at = %(now)s,
+       parked_reason = 'settlement failed ' || settle_attempts || ' times in a row'
+WHERE settled_evidence_version < evidence_version AND parked_at IS NULL
+  AND settle_attempts >= %(max_attempts)s
+  AND (claimed_until IS NULL OR claimed_until < %(now)s)
+RETURNING id, tenant_id, subject
+"""
+
+CLAIM_DUE_RUNS = f"""
+WITH due AS (
+    SELECT id FROM runs
+    WHERE settled_evidence_version < evidence_version AND parked_at IS NULL
+      AND (claimed_until IS NULL OR claimed_until < %(now)s)
+      AND {DUE_AT_SQL} <= %(now)s
+    ORDER BY COALESCE(terminal_at, last_event_at), id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE runs SET claimed_until = %(lease_until)s, settle_attempts = settle_attempts + 1
+FROM due WHERE runs.id = due.id
+RETURNING runs.id, runs.tenant_id, runs.customer_id, COALESCE(terminal_at, last_event_at)
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedRun:
+    run_id: int
+    tenant_id: str
+    customer_id: str
+    ended_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ParkedRun:
+    run_id: int
+    tenant_id: str
+    subject: str
+
+
+def window_params(windows: Windows) -> dict[str, timedelta]:
+    return {
+        "grace": windows.settle_grace,
+        "resume": windows.resume_window,
+        "idle": windows.idle_timeout,
+    }
+
+
+def park_poison_runs(
+    conn: psycopg.Connection[Any], now: datetime, max_attempts: int
+) -> list[ParkedRun]:
+    """Runs whose settlement failed ``max_attempts`` times stop being retried (and are reported)."""
+    rows = conn.execute(PARK_POISON_RUNS, {"now": now, "max_attempts": max_attempts}).fetchall()
+    return [ParkedRun(*row) for row in rows]
+
+
+def claim_due_runs(
+    conn: psycopg.Connection[Any], now: datetime, windows: Windows, *, limit: int, lease: timedelta
+) -> list[ClaimedRun]:
+    """Claim up to ``limit`` due runs for ``lease``; a claim that is never settled expires."""
+    params: dict[str, Any] = {
+        "now": now,
+        "limit": limit,
+        "lease_until": now + lease,
+        **window_params(windows),
+    }
+    rows = conn.execute(CLAIM_DUE_RUNS, params).fetchall()
+    claimed = [ClaimedRun(*row) for row in rows]
+    claimed.sort(key=lambda c: (c.ended_at, c.run_id))
+    return claimed
+
+
+def chunk_by_customer(claimed: list[ClaimedRun], size: int) -> list[list[int]]:
+    """Chunks of run ids; a customer's runs stay together and in end-time order (R8)."""
+    by_customer: dict[tuple[str, str], list[ClaimedRun]] = {}
+    for run in claimed:
+        by_customer.setdefault((run.tenant_id, run.customer_id), []).append(run)
+    chunks: list[list[int]] = []
+    current: list[int] = []
+    for runs in by_customer.values():
+        if current and len(current) + len(runs) > size:
+            chunks.append(current)
+            current = []
+        current.extend(r.run_id for r in runs)
+    if current:
+        chunks.append(current)
+    return chunks

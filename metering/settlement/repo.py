@@ -1,0 +1,325 @@
+"""Loading a chunk of runs' facts, and writing decisions and postings — bulk SQL.
+
+Settlement runs in chunks (hundreds of runs per transaction), so each read and write here is
+one statement for the whole chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from metering.policy import EventFact, UsageLine
+from metering.settlement.due import RunClock
+
+
+@dataclass(frozen=True, slots=True)
+class LockedRun:
+    run_id: int
+    tenant_id: str
+    subject: str
+    customer_id: str
+    clock: RunClock
+    gross_micros: int
+    evidence_version: int
+    settled_evidence_version: int
+    decision_version: int
+    billed_micros: int
+    credited_micros: int
+    period: str | None
+
+
+LOCK_RUNS = """
+SELECT id, tenant_id, subject, customer_id, terminal_at, last_event_at, last_lost_at,
+       last_recovered_at, gross_micros, evidence_version, settled_evidence_version,
+       decision_version, billed_micros, credited_micros, period
+FROM runs WHERE id = ANY(%(ids)s) ORDER BY id FOR UPDATE
+"""
+
+
+def lock_customers(conn: psycopg.Connection[Any], run_ids: Sequence[int]) -> None:
+    """Serialise settlement per customer (R8 reads the customer's earlier decisions).
+
+    Advisory locks are taken before the run rows, in one global order, so two chunks never
+    wait on each other in a cycle.
+    """
+    conn.execute(
+        """
+        SELECT pg_advisory_xact_lock(hashtextextended(tenant_id || '/' || customer_id, 0))
+        FROM (SELECT DISTINCT tenant_id, customer_id FROM runs WHERE id = ANY(%(ids)s)
+              ORDER BY 1, 2) AS customers
+        """,
+        {"ids": list(run_ids)},
+    )
+
+
+def lock_runs(conn: psycopg.Connection[Any], run_ids: Sequence[int]) -> list[LockedRun]:
+    rows = conn.execute(LOCK_RUNS, {"ids": list(run_ids)}).fetchall()
+    return [
+        LockedRun(
+            run_id=r[0],
+            tenant_id=r[1],
+            subject=r[2],
+            customer_id=r[3],
+            clock=RunClock(
+                terminal_at=r[4], last_event_at=r[5], last_lost_at=r[6], last_recovered_at=r[7]
+            ),
+            gross_micros=r[8],
+            evidence_version=r[9],
+            settled_evidence_version=r[10],
+            decision_version=r[11],
+            billed_micros=r[12],
+            credited_micros=r[13],
+            period=r[14],
+        )
+        for r in rows
+    ]
+
+
+def load_events(
+    conn: psycopg.Connection[Any], run_ids: Sequence[int]
+) -> dict[int, list[EventFact]]:
+    rows = conn.execute(
+        # Event ids are unique per source only, so the policy sees "source/id".
+        "SELECT run_id, source || '/' || event_id, type, time, data FROM events "
+        "WHERE run_id = ANY(%(ids)s)",
+        {"ids": list(run_ids)},
+    ).fetchall()
+    events: dict[int, list[EventFact]] = {}
+    for run_id, event_id, type_, time, data in rows:
+        events.setdefault(run_id, []).append(EventFact(event_id, type_, time, data))
+    return events
+
+
+def load_usage(conn: psycopg.Connection[Any], run_ids: Sequence[int]) -> dict[int, list[UsageLine]]:
+    rows = conn.execute(
+        """
+        SELECT u.run_id, u.id, e.source || '/' || e.event_id, u.step, u.attempt,
+               u.tool_call_id, u.replay, u.gross_micros, u.time
+        FROM usage_lines u JOIN events e ON e.id = u.event_pk
+        WHERE u.run_id = ANY(%(ids)s)
+        """,
+        {"ids": list(run_ids)},
+    ).fetchall()
+    usage: dict[int, list[UsageLine]] = {}
+    for run_id, *line in rows:
+        usage.setdefault(run_id, []).append(UsageLine(*line))
+    return usage
+
+
+@dataclass
+class PeriodTotals:
+    """A customer's decided runs in one period, excluding the runs being settled now."""
+
+    gross_micros: int = 0
+    auto_credited_micros: int = 0
+    auto_refunded_runs: int = 0
+
+
+def load_period_totals(
+    conn: psycopg.Connection[Any], runs: Sequence[LockedRun], periods: dict[int, str]
+) -> dict[tuple[str, str, str], PeriodTotals]:
+    keys = sorted({(r.tenant_id, r.customer_id, periods[r.run_id]) for r in runs})
+    rows = conn.execute(
+        """
+        SELECT r.tenant_id, r.customer_id, r.period, sum(r.gross_micros),
+               sum(r.auto_credited_micros),
+               count(*) FILTER (WHERE r.outcome = 'refunded' AND r.auto_credited_micros > 0)
+        FROM runs r
+        JOIN unnest(%(tenants)s::text[], %(customers)s::text[], %(periods)s::text[])
+             AS k(tenant_id, customer_id, period)
+          ON r.tenant_id = k.tenant_id AND r.customer_id = k.customer_id
+         AND r.period = k.period
+        WHERE r.id <> ALL(%(exclude)s) AND r.decision_version > 0
+        GROUP BY r.tenant_id, r.customer_id, r.period
+        """,
+        {
+            "tenants": [k[0] for k in keys],
+            "customers": [k[1] for k in keys],
+            "periods": [k[2] for k in keys],
+            "exclude": [r.run_id for r in runs],
+        },
+    ).fetchall()
+    totals = {key: PeriodTotals() for key in keys}
+    for tenant, customer, period, gross, credited, refunded in rows:
+        totals[(tenant, customer, period)] = PeriodTotals(int(gross), int(credited), int(refunded))
+    return totals
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRecord:
+    """A new decision version to store, with the run's new ledger position."""
+
+    run_id: int
+    version: int
+    tenant_id: str
+    customer_id: str
+    origin: str
+    outcome: str
+    status: str
+    gross_micros: int
+    billed_micros: int
+    credited_micros: int
+    credited_line_ids: tuple[int, ...]
+    rule_ids: tuple[str, ...]
+    evidence_event_ids: tuple[str, ...]
+    explanation: str
+    evidence_version: int
+    period: str
+    ended_at: datetime
+    position_billed_micros: int
+    position_credited_micros: int
+    auto_credited_micros: int
+
+
+@dataclass(frozen=True, slots=True)
+class EntryRecord:
+    tenant_id: str
+    customer_id: str
+    run_id: int
+    kind: str
+    amount_micros: int
+    decision_version: int
+    corrects: str | None
+
+
+def insert_decisions(conn: psycopg.Connection[Any], records: Sequence[DecisionRecord]) -> None:
+    if not records:
+        return
+    with conn.cursor() as cur:
+        cur.executemany(
+            """
+            INSERT INTO decisions (run_id, version, tenant_id, customer_id, origin, outcome,
+                status, gross_micros, billed_micros, credited_micros, credited_line_ids,
+                rule_ids, evidence_event_ids, explanation, evidence_version, period, ended_at)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+            """,
+            [
+                (
+                    d.run_id,
+                    d.version,
+                    d.tenant_id,
+                    d.customer_id,
+                    d.origin,
+                    d.outcome,
+                    d.status,
+                    d.gross_micros,
+                    d.billed_micros,
+                    d.credited_micros,
+                    list(d.credited_line_ids),
+                    list(d.rule_ids),
+                    list(d.evidence_event_ids),
+                    d.explanation,
+                    d.evidence_version,
+                    d.period,
+                    d.ended_at,
+                )
+                for d in records
+            ],
+        )
+
+
+def insert_entries(conn: psycopg.Connection[Any], entries: Sequence[EntryRecord]) -> None:
+    if not entries:
+        return
+    conn.execute(
+        """
+        INSERT INTO ledger_entries (tenant_id, customer_id, run_id, kind, amount_micros,
+                                    decision_version, corrects)
+        SELECT * FROM unnest(%(tenants)s::text[], %(customers)s::text[], %(runs)s::bigint[],
+                             %(kinds)s::text[], %(amounts)s::bigint[], %(versions)s::int[],
+                             %(corrects)s::text[])
+        """,
+        {
+            "tenants": [e.tenant_id for e in entries],
+            "customers": [e.customer_id for e in entries],
+            "runs": [e.run_id for e in entries],
+            "kinds": [e.kind for e in entries],
+            "amounts": [e.amount_micros for e in entries],
+            "versions": [e.decision_version for e in entries],
+            "corrects": [e.corrects for e in entries],
+        },
+    )
+
+
+def mark_settled(
+    conn: psycopg.Connection[Any],
+    decided: Sequence[DecisionRecord],
+    unchanged: Sequence[LockedRun],
+) -> None:
+    """Record the decision in force on each run and release the sweeper's claim."""
+    if decided:
+        conn.execute(
+            """
+            UPDATE runs SET decision_version = d.version, outcome = d.outcome, status = d.status,
+                   period = d.period, ended_at = d.ended_at, billed_micros = d.billed,
+                   credited_micros = d.credited, auto_credited_micros = d.auto_credited,
+                   settled_evidence_version = d.evidence_version, claimed_until = NULL,
+                   settle_attempts = 0
+            FROM unnest(%(ids)s::bigint[], %(versions)s::int[], %(outcomes)s::text[],
+                        %(statuses)s::text[], %(periods)s::text[], %(ended)s::timestamptz[],
+                        %(billed)s::bigint[], %(credited)s::bigint[], %(auto)s::bigint[],
+                        %(evidence)s::int[])
+                 AS d(id, version, outcome, status, period, ended_at, billed, credited,
+                      auto_credited, evidence_version)
+            WHERE runs.id = d.id
+            """,
+            {
+                "ids": [d.run_id for d in decided],
+                "versions": [d.version for d in decided],
+                "outcomes": [d.outcome for d in decided],
+                "statuses": [d.status for d in decided],
+                "periods": [d.period for d in decided],
+                "ended": [d.ended_at for d in decided],
+                "billed": [d.position_billed_micros for d in decided],
+                "credited": [d.position_credited_micros for d in decided],
+                "auto": [d.auto_credited_micros for d in decided],
+                "evidence": [d.evidence_version for d in decided],
+            },
+        )
+    if unchanged:
+        conn.execute(
+            """
+            UPDATE runs SET settled_evidence_version = u.evidence_version, claimed_until = NULL,
+                   settle_attempts = 0
+            FROM unnest(%(ids)s::bigint[], %(evidence)s::int[]) AS u(id, evidence_version)
+            WHERE runs.id = u.id
+            """,
+            {
+                "ids": [r.run_id for r in unchanged],
+                "evidence": [r.evidence_version for r in unchanged],
+            },
+        )
+
+
+def latest_decisions(
+    conn: psycopg.Connection[Any], runs: Sequence[LockedRun]
+) -> dict[int, tuple[str, int, int, tuple[int, ...], tuple[str, ...]]]:
+    """The decision in force of each already-decided run, as a comparable tuple."""
+    decided = [(r.run_id, r.decision_version) for r in runs if r.decision_version > 0]
+    if not decided:
+        return {}
+    rows = conn.execute(
+        """
+        SELECT d.run_id, d.outcome, d.billed_micros, d.credited_micros, d.credited_line_ids,
+               d.rule_ids
+        FROM decisions d
+        JOIN unnest(%(ids)s::bigint[], %(versions)s::int[]) AS k(run_id, version)
+          ON d.run_id = k.run_id AND d.version = k.version
+        """,
+        {"ids": [d[0] for d in decided], "versions": [d[1] for d in decided]},
+    ).fetchall()
+    return {r[0]: (r[1], r[2], r[3], tuple(r[4]), tuple(r[5])) for r in rows}
+
+
+def release_claims(conn: psycopg.Connection[Any], run_ids: Sequence[int]) -> None:
+    """Claimed runs that turned out not to be due (new events came in) go back to the pool."""
+    if run_ids:
+        conn.execute(
+            "UPDATE runs SET claimed_until = NULL, settle_attempts = 0 WHERE id = ANY(%(ids)s)",
+            {"ids": list(run_ids)},
+        )

@@ -1,0 +1,180 @@
+"""The settlement use case: lock → re-read → decide → post, for a chunk of runs.
+
+Runs in the caller's single transaction. Safe to repeat and to run concurrently: runs are
+locked, and a run whose evidence has not changed since its decision in force gets no new
+version, so redelivered or duplicated tasks are no-ops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from metering.config import Settings
+from metering.ledger.postings import Position, postings_between
+from metering.policy import (
+    HELD_FOR_REVIEW,
+    PARTIALLY_CREDITED,
+    REFUNDED,
+    CustomerPeriod,
+    Decision,
+    PolicyConfig,
+    RunFacts,
+    decide,
+)
+from metering.settlement import repo
+from metering.settlement.due import Windows, due_at
+
+
+@dataclass
+class SettleReport:
+    decided: dict[int, int] = field(default_factory=dict)  # run id → new version
+    unchanged: list[int] = field(default_factory=list)
+    not_due: list[int] = field(default_factory=list)
+    records: list[repo.DecisionRecord] = field(default_factory=list)
+
+
+def policy_config(settings: Settings) -> PolicyConfig:
+    return PolicyConfig(
+        cap_fraction_ppm=settings.cap_fraction_ppm,
+        cap_floor_micros=settings.cap_floor_micros,
+        cap_runs=settings.cap_runs,
+    )
+
+
+def period_of(moment: datetime) -> str:
+    """Billing periods are calendar months in UTC; a run belongs to the month it ended in."""
+    return moment.strftime("%Y-%m")
+
+
+def _needs_decision(run: repo.LockedRun, now: datetime, windows: Windows, force: bool) -> bool:
+    if force:
+        return run.decision_version == 0 or run.evidence_version > run.settled_evidence_version
+    if run.evidence_version <= run.settled_evidence_version:
+        return False
+    return due_at(run.clock, windows) <= now
+
+
+def settle_runs(
+    conn: psycopg.Connection[Any],
+    run_ids: Sequence[int],
+    *,
+    now: datetime,
+    settings: Settings,
+    force: bool = False,
+) -> SettleReport:
+    """Settle the given runs that are due (all of them with ``force``, as if every window
+    had passed: a run without a terminal event is then settled as abandoned)."""
+    report = SettleReport()
+    if not run_ids:
+        return report
+    repo.lock_customers(conn, run_ids)
+    runs = repo.lock_runs(conn, run_ids)
+    windows = Windows.from_settings(settings)
+    due = [r for r in runs if _needs_decision(r, now, windows, force)]
+    report.not_due = [r.run_id for r in runs if r not in due]
+    repo.release_claims(conn, report.not_due)
+    if not due:
+        return report
+    ended = {r.run_id: r.clock.terminal_at or r.clock.last_event_at for r in due}
+    periods = {run_id: period_of(moment) for run_id, moment in ended.items()}
+    ids = [r.run_id for r in due]
+    events, usage = repo.load_events(conn, ids), repo.load_usage(conn, ids)
+    totals = repo.load_period_totals(conn, due, periods)
+    previous = repo.latest_decisions(conn, due)
+    config = policy_config(settings)
+    entries: list[repo.EntryRecord] = []
+    unchanged: list[repo.LockedRun] = []
+    for run in sorted(due, key=lambda r: (ended[r.run_id], r.run_id)):
+        period_totals = totals[(run.tenant_id, run.customer_id, periods[run.run_id])]
+        facts = RunFacts(
+            events=tuple(events.get(run.run_id, ())),
+            usage=tuple(usage.get(run.run_id, ())),
+            abandoned=run.clock.terminal_at is None,
+            period=CustomerPeriod(
+                period_gross_micros=period_totals.gross_micros + run.gross_micros,
+                auto_credited_micros=period_totals.auto_credited_micros,
+                auto_refunded_runs=period_totals.auto_refunded_runs,
+            ),
+        )
+        decision = decide(facts, config)
+        if decision.gross_micros != run.gross_micros:
+            raise AssertionError(f"run {run.run_id}: usage lines disagree with the run's gross")
+        auto_credit = (
+            decision.credited_micros if decision.outcome in (PARTIALLY_CREDITED, REFUNDED) else 0
+        )
+        period_totals.gross_micros += run.gross_micros
+        period_totals.auto_credited_micros += auto_credit
+        period_totals.auto_refunded_runs += decision.outcome == REFUNDED
+        if previous.get(run.run_id) == _comparable(decision):
+            unchanged.append(run)
+            continue
+        record = _record(run, decision, ended[run.run_id], periods[run.run_id], auto_credit)
+        report.records.append(record)
+        report.decided[run.run_id] = record.version
+        entries.extend(_entries(run, record))
+    report.unchanged = [r.run_id for r in unchanged]
+    repo.insert_decisions(conn, report.records)
+    repo.insert_entries(conn, entries)
+    repo.mark_settled(conn, report.records, unchanged)
+    return report
+
+
+def _comparable(decision: Decision) -> tuple[str, int, int, tuple[int, ...], tuple[str, ...]]:
+    return (
+        decision.outcome,
+        decision.billed_micros,
+        decision.credited_micros,
+        decision.credited_line_ids,
+        decision.rule_ids,
+    )
+
+
+def _record(
+    run: repo.LockedRun, decision: Decision, ended_at: datetime, period: str, auto_credit: int
+) -> repo.DecisionRecord:
+    # A held run is not billed: its ledger position goes (or stays) at nothing posted.
+    held = decision.outcome == HELD_FOR_REVIEW
+    return repo.DecisionRecord(
+        run_id=run.run_id,
+        version=run.decision_version + 1,
+        tenant_id=run.tenant_id,
+        customer_id=run.customer_id,
+        origin="policy",
+        outcome=decision.outcome,
+        status=decision.status,
+        gross_micros=decision.gross_micros,
+        billed_micros=decision.billed_micros,
+        credited_micros=decision.credited_micros,
+        credited_line_ids=decision.credited_line_ids,
+        rule_ids=decision.rule_ids,
+        evidence_event_ids=decision.evidence_event_ids,
+        explanation=decision.explanation,
+        evidence_version=run.evidence_version,
+        period=period,
+        ended_at=ended_at,
+        position_billed_micros=0 if held else decision.billed_micros,
+        position_credited_micros=0 if held else decision.credited_micros,
+        auto_credited_micros=auto_credit,
+    )
+
+
+def _entries(run: repo.LockedRun, record: repo.DecisionRecord) -> list[repo.EntryRecord]:
+    current = Position(run.billed_micros, run.credited_micros)
+    target = Position(record.position_billed_micros, record.position_credited_micros)
+    return [
+        repo.EntryRecord(
+            tenant_id=run.tenant_id,
+            customer_id=run.customer_id,
+            run_id=run.run_id,
+            kind=posting.kind,
+            amount_micros=posting.amount_micros,
+            decision_version=record.version,
+            corrects=posting.corrects,
+        )
+        for posting in postings_between(current, target)
+    ]
