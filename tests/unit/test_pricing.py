@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from metering.money import format_usd, round_half_even_div
+from metering.money import describe_usd, format_usd, round_half_even_div
 from metering.pricing import (
     Price,
     PriceCatalog,
@@ -95,3 +95,10 @@ def test_usage_total_is_the_sum_of_its_class_lines(input_tokens, cached, output)
 )
 def test_dollars_are_shown_with_half_even_rounding(micros, text):
     assert format_usd(micros) == text
+
+
+@pytest.mark.parametrize(
+    ("micros", "text"), [(1_420_000, "1.42"), (10_500, "0.0105"), (1, "0.000001"), (0, "0.00")]
+)
+def test_explanations_show_sub_cent_amounts_exactly(micros, text):
+    assert describe_usd(micros) == text
