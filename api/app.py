@@ -13,6 +13,7 @@ from api.ops import healthz, metrics, readyz
 from api.problems import EXCEPTION_HANDLERS
 from api.runs import get_run, settle_run_now
 from api.services import Services
+from api.stripe_webhooks import stripe_webhook
 from metering.config import Settings, load_settings
 
 
@@ -25,7 +26,15 @@ def create_app(settings: Settings | None = None) -> Litestar:
         services.close()
 
     return Litestar(
-        route_handlers=[post_events, get_run, settle_run_now, healthz, readyz, metrics],
+        route_handlers=[
+            post_events,
+            get_run,
+            settle_run_now,
+            stripe_webhook,
+            healthz,
+            readyz,
+            metrics,
+        ],
         state=State({"services": services}),
         exception_handlers=EXCEPTION_HANDLERS,
         middleware=[latency_middleware],

@@ -15,6 +15,7 @@ from prometheus_client import (
     multiprocess,
 )
 from prometheus_client import values as prometheus_values
+from prometheus_client.core import GaugeMetricFamily
 
 EVENTS = Counter("fairmeter_events_total", "Ingested events by result", ["result", "code"])
 REQUEST_LATENCY = Histogram(
@@ -36,12 +37,31 @@ def record_rejection(count: int, code: str) -> None:
     EVENTS.labels("rejected", code).inc(count)
 
 
-def render_metrics() -> tuple[bytes, str]:
+def render_metrics(outbox_counts: dict[str, int]) -> tuple[bytes, str]:
+    """Process metrics plus gauges read from the database at scrape time (shared state, so
+    every API process reports the same numbers, e.g. the Stripe dead letter)."""
     if prometheus_values.ValueClass.__name__ == "MmapedValue":  # multi-process mode
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-        return generate_latest(registry), CONTENT_TYPE_LATEST
-    return generate_latest(), CONTENT_TYPE_LATEST
+        body = generate_latest(registry)
+    else:
+        body = generate_latest()
+    gauges = CollectorRegistry()
+    gauges.register(_OutboxCollector(outbox_counts))
+    return body + generate_latest(gauges), CONTENT_TYPE_LATEST
+
+
+class _OutboxCollector:
+    def __init__(self, counts: dict[str, int]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Any:
+        family = GaugeMetricFamily(
+            "fairmeter_stripe_outbox_rows", "Stripe outbox rows by status", labels=["status"]
+        )
+        for status in ("pending", "waiting_customer", "sent", "dead", "superseded"):
+            family.add_metric([status], self._counts.get(status, 0))
+        yield family
 
 
 def latency_middleware(app: ASGIApp) -> ASGIApp:

@@ -8,6 +8,7 @@ from litestar.datastructures import State
 from api.metrics import render_metrics
 from api.services import Services
 from api.wire import Health
+from metering.billing import outbox
 from metering.db import raw_transaction
 
 
@@ -38,7 +39,13 @@ def readyz(state: State) -> Response[Health]:
     )
 
 
-@get("/metrics", sync_to_thread=False, tags=["ops"], summary="Prometheus metrics")
-def metrics() -> Response[bytes]:
-    body, content_type = render_metrics()
+@get("/metrics", sync_to_thread=True, tags=["ops"], summary="Prometheus metrics")
+def metrics(state: State) -> Response[bytes]:
+    services: Services = state.services
+    try:
+        with raw_transaction(services.engine) as conn:
+            counts = outbox.status_counts(conn)
+    except Exception:  # metrics must still answer while the database is down
+        counts = {}
+    body, content_type = render_metrics(counts)
     return Response(body, media_type=content_type)

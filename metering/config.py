@@ -35,6 +35,26 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("STRIPE_API_KEY", "FAIRMETER_STRIPE_API_KEY"),
     )
 
+    # Stripe (DESIGN §5). Without an API base the official API is used; `make up` and the
+    # tests point it at the bundled emulator.
+    stripe_api_base: str | None = None
+    stripe_meter_event_name: str = "fairmeter_billed_micros"
+    stripe_meter_unit_micros: int = 1
+    stripe_allow_negative_meter_values: bool = False
+    stripe_max_network_retries: int = 2
+    stripe_timeout_s: float = 10.0
+    stripe_webhook_secret: str | None = None
+    stripe_webhook_tolerance_s: int = 300
+    # Stripe cancels meter events only within 24 h of receiving them; keep a safety margin.
+    stripe_cancel_window_s: int = 24 * 3600 - 600
+    stripe_push_batch_size: int = 2000
+    stripe_push_threads: int = 8
+    stripe_push_lease_s: int = 120
+    stripe_backoff_base_s: float = 2.0
+    stripe_backoff_max_s: float = 300.0
+    stripe_push_interval_s: float = 2.0
+    stripe_drift_interval_s: float = 3600.0
+
     # Secrets. The pepper turns a stolen key table into useless HMACs.
     key_pepper: str = "dev-pepper-change-me"
     key_cache_ttl_s: float = 30.0
@@ -70,6 +90,11 @@ class Settings(BaseSettings):
 
     log_level: str = "INFO"
     log_json: bool = True
+
+    @property
+    def stripe_enabled(self) -> bool:
+        """Stripe sync runs against the real API (a key) or an emulator (an API base)."""
+        return bool(self.stripe_api_key or self.stripe_api_base)
 
     def sqlalchemy_url(self) -> str:
         """The database URL with the psycopg 3 driver, whatever scheme the user gave."""

@@ -38,6 +38,20 @@ def create_celery(settings: Settings | None = None) -> Celery:
                 # A sweep older than one interval is stale: the next one does its work.
                 "options": {"expires": settings.sweep_interval_s},
             },
+            "push-stripe-outbox": {
+                "task": "fairmeter.push_stripe_outbox",
+                "schedule": settings.stripe_push_interval_s,
+                "options": {"expires": settings.stripe_push_interval_s},
+            },
+            "handle-stripe-webhooks": {
+                "task": "fairmeter.handle_stripe_webhooks",
+                "schedule": 5.0,
+                "options": {"expires": 5.0},
+            },
+            "check-stripe-drift": {
+                "task": "fairmeter.check_stripe_drift",
+                "schedule": settings.stripe_drift_interval_s,
+            },
         },
     )
     return app

@@ -1,4 +1,4 @@
-"""One database engine per worker process, created after the fork."""
+"""Per-process resources for tasks, created after the fork."""
 
 from __future__ import annotations
 
@@ -6,10 +6,12 @@ import os
 
 from sqlalchemy.engine import Engine
 
+from metering.billing.push import Pusher
 from metering.config import Settings, load_settings
 from metering.db import create_db_engine
 
 _engines: dict[int, Engine] = {}
+_pushers: dict[int, Pusher] = {}
 
 
 def settings() -> Settings:
@@ -22,3 +24,10 @@ def engine() -> Engine:
     if pid not in _engines:
         _engines[pid] = create_db_engine(settings())
     return _engines[pid]
+
+
+def pusher() -> Pusher:
+    pid = os.getpid()
+    if pid not in _pushers:
+        _pushers[pid] = Pusher(engine(), settings())
+    return _pushers[pid]

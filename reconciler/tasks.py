@@ -6,9 +6,15 @@ task re-checks the database, so a lost or duplicated message only delays work.
 
 from __future__ import annotations
 
+import logging
+from datetime import UTC, datetime, timedelta
+
+from metering.billing import service as billing
 from metering.settlement.runner import claim_due_chunks, settle_chunk
 from reconciler.celery_app import app
-from reconciler.engine import engine, settings
+from reconciler.engine import engine, pusher, settings
+
+log = logging.getLogger("fairmeter.tasks")
 
 
 @app.task(name="fairmeter.ping")
@@ -29,4 +35,43 @@ def sweep_due_runs() -> int:
 @app.task(name="fairmeter.settle_run_chunk")
 def settle_run_chunk(run_ids: list[int]) -> int:
     report = settle_chunk(engine(), settings(), run_ids)
+    if report.records and settings().stripe_enabled:
+        push_stripe_outbox.delay()  # sent after the settlement committed
     return len(report.decided)
+
+
+@app.task(name="fairmeter.push_stripe_outbox")
+def push_stripe_outbox() -> int:
+    """Beat and after settlement: drain due outbox rows to Stripe."""
+    if not settings().stripe_enabled:
+        return 0
+    return pusher().push_due().sent_rows
+
+
+@app.task(name="fairmeter.handle_stripe_webhooks")
+def handle_stripe_webhooks() -> int:
+    return billing.handle_webhooks(engine())
+
+
+@app.task(name="fairmeter.check_stripe_drift")
+def check_stripe_drift() -> int:
+    """Hourly: compare the last day's sent totals with Stripe's summaries; log differences."""
+    if not settings().stripe_enabled:
+        return 0
+    end = datetime.now(UTC)
+    start = end - timedelta(days=1)
+    found = 0
+    for tenant, customer in billing.customers_sent_since(engine(), start):
+        for difference in billing.drift(engine(), settings(), tenant, customer, start, end):
+            found += 1
+            log.error(
+                "stripe drift",
+                extra={
+                    "tenant": tenant,
+                    "customer": customer,
+                    "hour": difference.hour.isoformat(),
+                    "ledger_units": difference.ledger_units,
+                    "stripe_units": difference.stripe_units,
+                },
+            )
+    return found

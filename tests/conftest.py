@@ -34,6 +34,12 @@ ROOT = Path(__file__).resolve().parents[1]
 TEST_PEPPER = "test-pepper"
 # Tables that hold a test's data; prices and the schema version survive between tests.
 DATA_TABLES = (
+    "stripe_deliveries",
+    "stripe_outbox",
+    "stripe_carries",
+    "stripe_webhook_inbox",
+    "stripe_closed_periods",
+    "decisions",
     "ledger_entries",
     "usage_lines",
     "events",

@@ -5,6 +5,13 @@ compares against.
 """
 
 from metering.models.base import metadata
+from metering.models.billing import (
+    StripeCarryRow,
+    StripeClosedPeriodRow,
+    StripeDeliveryRow,
+    StripeOutboxRow,
+    StripeWebhookRow,
+)
 from metering.models.catalog import PriceRow
 from metering.models.events import EventRow, RunRow, UsageLineRow
 from metering.models.ledger import LedgerEntryRow
@@ -19,6 +26,11 @@ __all__ = [
     "LedgerEntryRow",
     "PriceRow",
     "RunRow",
+    "StripeCarryRow",
+    "StripeClosedPeriodRow",
+    "StripeDeliveryRow",
+    "StripeOutboxRow",
+    "StripeWebhookRow",
     "TenantRow",
     "UsageLineRow",
     "metadata",

@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 
+from metering.billing import outbox
 from metering.config import Settings
 from metering.ledger.postings import Position, postings_between
 from metering.policy import (
@@ -121,7 +122,28 @@ def settle_runs(
     repo.insert_decisions(conn, report.records)
     repo.insert_entries(conn, entries)
     repo.mark_settled(conn, report.records, unchanged)
+    outbox.enqueue(conn, _billing_changes(due, report.records))
     return report
+
+
+def _billing_changes(
+    runs: Sequence[repo.LockedRun], records: Sequence[repo.DecisionRecord]
+) -> list[tuple[str, str, int, int, int, str, datetime]]:
+    """Outbox rows for decisions that change what the customer is billed (DESIGN §5)."""
+    billed_before = {r.run_id: r.billed_micros for r in runs}
+    return [
+        (
+            d.tenant_id,
+            d.customer_id,
+            d.run_id,
+            d.version,
+            d.position_billed_micros,
+            d.period,
+            d.ended_at,
+        )
+        for d in records
+        if d.position_billed_micros != billed_before[d.run_id]
+    ]
 
 
 def _comparable(decision: Decision) -> tuple[str, int, int, tuple[int, ...], tuple[str, ...]]:

@@ -1,0 +1,91 @@
+"""``fairmeter stripe …``: link customers, push, dead letter, drift."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import click
+
+from metering.config import load_settings
+from metering.db import create_db_engine, raw_transaction
+
+
+def _utc(value: datetime) -> datetime:
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+@click.group()
+def stripe() -> None:
+    """Stripe metered billing."""
+
+
+@stripe.command("link-customer")
+@click.option("--tenant", required=True)
+@click.option("--customer", required=True)
+@click.option("--stripe-id", required=True, help="The Stripe customer id (cus_…).")
+def link_customer(tenant: str, customer: str, stripe_id: str) -> None:
+    """Set a customer's Stripe id; its waiting outbox rows become due."""
+    from metering.billing.service import link_customer as link
+
+    released = link(create_db_engine(load_settings()), tenant, customer, stripe_id)
+    click.echo(f"linked {customer} to {stripe_id}; {released} waiting row(s) released")
+
+
+@stripe.command("push")
+def push() -> None:
+    """Drain due outbox rows to Stripe once, in this process."""
+    from metering.billing.push import Pusher
+
+    settings = load_settings()
+    report = Pusher(create_db_engine(settings), settings).push_due()
+    click.echo(
+        f"{report.sent_rows} row(s) sent, {report.calls} call(s), "
+        f"{report.retried} to retry, {report.dead} dead"
+    )
+
+
+@stripe.command("dead")
+@click.option("--tenant", default=None)
+@click.option("--retry", "retry_ids", multiple=True, type=int, help="Retry these row ids.")
+@click.option("--retry-all", is_flag=True, help="Retry every dead row (of --tenant).")
+def dead(tenant: str | None, retry_ids: tuple[int, ...], retry_all: bool) -> None:
+    """List dead-lettered outbox rows, or send them back to pending."""
+    from metering.billing import outbox
+
+    engine = create_db_engine(load_settings())
+    with raw_transaction(engine) as conn:
+        if retry_ids or retry_all:
+            count = outbox.retry_dead(conn, tenant, list(retry_ids))
+            click.echo(f"{count} row(s) back to pending")
+            return
+        rows = outbox.list_dead(conn, tenant)
+    for row in rows:
+        click.echo(
+            f"{row.id}\t{row.tenant_id}\t{row.customer_id}\t"
+            f"run {row.run_id} v{row.decision_version}\t{row.target_billed_micros} micros\t"
+            f"{row.attempts} attempt(s)\t{row.last_error}"
+        )
+    click.echo(f"{len(rows)} dead row(s)")
+
+
+@stripe.command("drift")
+@click.option("--tenant", required=True)
+@click.option("--customer", required=True)
+@click.option("--from", "start", type=click.DateTime(), required=True, help="UTC")
+@click.option("--to", "end", type=click.DateTime(), required=True, help="UTC, exclusive")
+def drift(tenant: str, customer: str, start: datetime, end: datetime) -> None:
+    """Compare sent meter units per hour with Stripe's summaries; exit 1 on any difference."""
+    from metering.billing.service import drift as check
+
+    settings = load_settings()
+    differences = check(
+        create_db_engine(settings), settings, tenant, customer, _utc(start), _utc(end)
+    )
+    for d in differences:
+        click.echo(
+            f"{d.hour.isoformat()}\tledger {d.ledger_units}\tstripe {d.stripe_units}\t"
+            f"delta {d.delta:+d}"
+        )
+    click.echo(f"{len(differences)} difference(s)")
+    if differences:
+        raise SystemExit(1)

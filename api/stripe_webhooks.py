@@ -1,0 +1,35 @@
+"""POST /webhooks/stripe — verified, stored in the inbox, handled by a task."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from anyio import to_thread
+from litestar import Request, post
+from litestar.datastructures import State
+
+from api.services import Services
+from metering.billing import webhooks
+from metering.db import raw_transaction
+from metering.errors import MeteringError
+
+
+@post("/webhooks/stripe", status_code=200, tags=["stripe"], summary="Stripe webhook endpoint")
+async def stripe_webhook(request: Request[Any, Any, Any], state: State) -> dict[str, Any]:
+    payload = await request.body()
+    signature = request.headers.get("stripe-signature")
+    return await to_thread.run_sync(_receive, state.services, payload, signature)
+
+
+def _receive(services: Services, payload: bytes, signature: str | None) -> dict[str, Any]:
+    secret = services.settings.stripe_webhook_secret
+    if not secret:
+        raise MeteringError(
+            "webhooks are not configured", code="webhooks_disabled", status=404, title="Not found"
+        )
+    event = webhooks.verify(
+        payload, signature, secret, services.settings.stripe_webhook_tolerance_s
+    )
+    with raw_transaction(services.engine) as conn:
+        new = webhooks.store(conn, event)
+    return {"received": True, "duplicate": not new}

@@ -1,0 +1,1 @@
+"""Stripe metered billing: outbox planning (pure), the gateway, the pusher, webhooks, drift."""

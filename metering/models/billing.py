@@ -1,0 +1,136 @@
+"""Stripe sync state: the outbox, what Stripe has received, carries, and the webhook inbox."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlmodel import Field, SQLModel
+
+from metering.models.base import timestamp_field
+
+OUTBOX_STATUSES = ("pending", "waiting_customer", "sent", "dead", "superseded")
+
+
+class StripeOutboxRow(SQLModel, table=True):
+    """One decision version whose billed amount must reach Stripe (DESIGN §5).
+
+    Written in the settlement transaction. The pusher turns it into a persisted ``plan`` of
+    Stripe calls (meter event, cancel, balance credit) and walks it step by step, so a crash
+    between two calls resumes where it stopped, with the same identifiers and keys.
+    """
+
+    __tablename__ = "stripe_outbox"
+    __table_args__ = (
+        sa.UniqueConstraint("run_id", "decision_version"),
+        sa.CheckConstraint(
+            "status IN ('pending', 'waiting_customer', 'sent', 'dead', 'superseded')",
+            name="status_known",
+        ),
+        sa.CheckConstraint("target_billed_micros >= 0", name="target_not_negative"),
+        sa.Index(
+            "ix_stripe_outbox_due",
+            "next_attempt_at",
+            postgresql_where=sa.text("status = 'pending'"),
+        ),
+        sa.Index("ix_stripe_outbox_tenant_id_customer_id", "tenant_id", "customer_id"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True, sa_type=sa.BigInteger)
+    tenant_id: str = Field(max_length=64)
+    customer_id: str = Field(max_length=128)
+    run_id: int = Field(foreign_key="runs.id", sa_type=sa.BigInteger)
+    decision_version: int = Field(sa_column=sa.Column(sa.Integer, nullable=False))
+    target_billed_micros: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
+    period: str = Field(max_length=7)
+    event_timestamp: datetime = Field(
+        sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False)
+    )
+    status: str = Field(max_length=20)
+    plan: list[dict[str, Any]] | None = Field(default=None, sa_column=sa.Column(JSONB))
+    next_step: int = Field(
+        default=0, sa_column=sa.Column(sa.Integer, nullable=False, server_default="0")
+    )
+    attempts: int = Field(
+        default=0, sa_column=sa.Column(sa.Integer, nullable=False, server_default="0")
+    )
+    next_attempt_at: datetime | None = timestamp_field(default_now=True)
+    claimed_until: datetime | None = timestamp_field(nullable=True)
+    last_error: str | None = Field(default=None, sa_column=sa.Column(sa.Text))
+    created_at: datetime | None = timestamp_field(default_now=True)
+    completed_at: datetime | None = timestamp_field(nullable=True)
+
+
+class StripeDeliveryRow(SQLModel, table=True):
+    """A Stripe call that took effect. Append-only; ``micros`` is its signed effect on what
+    Stripe will bill (a cancel or a balance credit is negative)."""
+
+    __tablename__ = "stripe_deliveries"
+    __table_args__ = (
+        sa.UniqueConstraint("kind", "identifier"),
+        sa.CheckConstraint(
+            "kind IN ('meter_event', 'meter_cancel', 'balance_credit')", name="kind_known"
+        ),
+        sa.Index("ix_stripe_deliveries_run_id", "run_id"),
+        sa.Index("ix_stripe_deliveries_tenant_id_customer_id", "tenant_id", "customer_id"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True, sa_type=sa.BigInteger)
+    outbox_id: int = Field(foreign_key="stripe_outbox.id", sa_type=sa.BigInteger)
+    tenant_id: str = Field(max_length=64)
+    customer_id: str = Field(max_length=128)
+    run_id: int = Field(foreign_key="runs.id", sa_type=sa.BigInteger)
+    kind: str = Field(max_length=20)
+    identifier: str = Field(max_length=120)
+    cancels_identifier: str | None = Field(default=None, max_length=120)
+    micros: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
+    units: int = Field(default=0, sa_column=sa.Column(sa.BigInteger, nullable=False))
+    cents: int = Field(default=0, sa_column=sa.Column(sa.BigInteger, nullable=False))
+    event_timestamp: datetime | None = timestamp_field(nullable=True)
+    stripe_received_at: datetime = Field(
+        sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False)
+    )
+    note: str | None = Field(default=None, max_length=200)
+
+
+class StripeCarryRow(SQLModel, table=True):
+    """Sub-unit remainders carried forward so Stripe's totals equal the ledger's exactly."""
+
+    __tablename__ = "stripe_carries"
+
+    tenant_id: str = Field(primary_key=True, max_length=64)
+    customer_id: str = Field(primary_key=True, max_length=128)
+    period: str = Field(primary_key=True, max_length=7)
+    meter_carry_micros: int = Field(
+        default=0, sa_column=sa.Column(sa.BigInteger, nullable=False, server_default="0")
+    )
+    credit_carry_micros: int = Field(
+        default=0, sa_column=sa.Column(sa.BigInteger, nullable=False, server_default="0")
+    )
+
+
+class StripeWebhookRow(SQLModel, table=True):
+    """The webhook inbox: verified events, stored before they are handled; repeats no-op."""
+
+    __tablename__ = "stripe_webhook_inbox"
+
+    event_id: str = Field(primary_key=True, max_length=255)
+    type: str = Field(max_length=120)
+    payload: dict[str, Any] = Field(sa_column=sa.Column(JSONB, nullable=False))
+    received_at: datetime | None = timestamp_field(default_now=True)
+    handled_at: datetime | None = timestamp_field(nullable=True)
+    error: str | None = Field(default=None, sa_column=sa.Column(sa.Text))
+
+
+class StripeClosedPeriodRow(SQLModel, table=True):
+    """A finalized invoice: its period is closed to negative meter corrections."""
+
+    __tablename__ = "stripe_closed_periods"
+
+    invoice_id: str = Field(primary_key=True, max_length=255)
+    stripe_customer_id: str = Field(max_length=255, index=True)
+    period_start: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))
+    period_end: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))
+    closed_at: datetime | None = timestamp_field(default_now=True)
