@@ -83,6 +83,9 @@ class Settings(BaseSettings):
     cap_fraction_ppm: int = 250_000
     cap_floor_micros: int = 5_000_000
     cap_runs: int = 20
+    # A month's statement closes this long after the month ends (late settlements of runs
+    # that ended just before midnight still land in it); later changes go to the next one.
+    period_close_delay_s: int = 24 * 3600
 
     # Database pool.
     db_pool_size: int = 10

@@ -25,6 +25,15 @@ class DecisionRow(SQLModel, table=True):
             name="billed_plus_credited_is_gross",
         ),
         sa.CheckConstraint("version >= 1", name="version_positive"),
+        # Statements read decisions by customer and statement period.
+        sa.Index(
+            "ix_decisions_statement",
+            "tenant_id",
+            "customer_id",
+            "statement_period",
+            "run_id",
+            "version",
+        ),
     )
 
     id: int | None = Field(default=None, primary_key=True, sa_type=sa.BigInteger)
@@ -44,5 +53,14 @@ class DecisionRow(SQLModel, table=True):
     explanation: str = Field(sa_column=sa.Column(sa.Text, nullable=False))
     evidence_version: int = Field(sa_column=sa.Column(sa.Integer, nullable=False))
     period: str = Field(max_length=7)
+    # The statement this version appears on: the run's period while that is still open,
+    # else the period in which the decision was made (a late correction). Fixed at insert,
+    # so a closed statement never changes.
+    statement_period: str = Field(max_length=7)
+    started_at: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))
+    models: list[str] = Field(sa_column=sa.Column(ARRAY(sa.Text), nullable=False))
+    input_tokens: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
+    cached_input_tokens: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
+    output_tokens: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
     ended_at: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))
     decided_at: datetime | None = timestamp_field(default_now=True)

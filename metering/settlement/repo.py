@@ -31,12 +31,13 @@ class LockedRun:
     billed_micros: int
     credited_micros: int
     period: str | None
+    first_event_at: datetime
 
 
 LOCK_RUNS = """
 SELECT id, tenant_id, subject, customer_id, terminal_at, last_event_at, last_lost_at,
        last_recovered_at, gross_micros, evidence_version, settled_evidence_version,
-       decision_version, billed_micros, credited_micros, period
+       decision_version, billed_micros, credited_micros, period, first_event_at
 FROM runs WHERE id = ANY(%(ids)s) ORDER BY id FOR UPDATE
 """
 
@@ -75,6 +76,7 @@ def lock_runs(conn: psycopg.Connection[Any], run_ids: Sequence[int]) -> list[Loc
             billed_micros=r[12],
             credited_micros=r[13],
             period=r[14],
+            first_event_at=r[15],
         )
         for r in rows
     ]
@@ -109,6 +111,29 @@ def load_usage(conn: psycopg.Connection[Any], run_ids: Sequence[int]) -> dict[in
     for run_id, *line in rows:
         usage.setdefault(run_id, []).append(UsageLine(*line))
     return usage
+
+
+@dataclass(frozen=True, slots=True)
+class UsageSummary:
+    models: tuple[str, ...] = ()
+    input_tokens: int = 0
+    cached_input_tokens: int = 0
+    output_tokens: int = 0
+
+
+def load_usage_summaries(
+    conn: psycopg.Connection[Any], run_ids: Sequence[int]
+) -> dict[int, UsageSummary]:
+    """Models and tokens by class per run, kept on the decision for statements."""
+    rows = conn.execute(
+        """
+        SELECT run_id, array_agg(DISTINCT model ORDER BY model), sum(input_tokens),
+               sum(cached_input_tokens), sum(output_tokens)
+        FROM usage_lines WHERE run_id = ANY(%(ids)s) GROUP BY run_id
+        """,
+        {"ids": list(run_ids)},
+    ).fetchall()
+    return {r[0]: UsageSummary(tuple(r[1]), int(r[2]), int(r[3]), int(r[4])) for r in rows}
 
 
 @dataclass
@@ -170,6 +195,9 @@ class DecisionRecord:
     explanation: str
     evidence_version: int
     period: str
+    statement_period: str
+    started_at: datetime
+    usage: UsageSummary
     ended_at: datetime
     position_billed_micros: int
     position_credited_micros: int
@@ -195,8 +223,11 @@ def insert_decisions(conn: psycopg.Connection[Any], records: Sequence[DecisionRe
             """
             INSERT INTO decisions (run_id, version, tenant_id, customer_id, origin, outcome,
                 status, gross_micros, billed_micros, credited_micros, credited_line_ids,
-                rule_ids, evidence_event_ids, explanation, evidence_version, period, ended_at)
-            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                rule_ids, evidence_event_ids, explanation, evidence_version, period, ended_at,
+                statement_period, started_at, models, input_tokens, cached_input_tokens,
+                output_tokens)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
+                    %s, %s, %s, %s, %s, %s)
             """,
             [
                 (
@@ -217,6 +248,12 @@ def insert_decisions(conn: psycopg.Connection[Any], records: Sequence[DecisionRe
                     d.evidence_version,
                     d.period,
                     d.ended_at,
+                    d.statement_period,
+                    d.started_at,
+                    list(d.usage.models),
+                    d.usage.input_tokens,
+                    d.usage.cached_input_tokens,
+                    d.usage.output_tokens,
                 )
                 for d in records
             ],

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -49,7 +49,19 @@ def policy_config(settings: Settings) -> PolicyConfig:
 
 def period_of(moment: datetime) -> str:
     """Billing periods are calendar months in UTC; a run belongs to the month it ended in."""
-    return moment.strftime("%Y-%m")
+    return moment.astimezone(UTC).strftime("%Y-%m")
+
+
+def period_close(period: str, delay: timedelta) -> datetime:
+    """When a period's statement closes: the start of the next month, plus ``delay``."""
+    year, month = (int(part) for part in period.split("-"))
+    year, month = (year + 1, 1) if month == 12 else (year, month + 1)
+    return datetime(year, month, 1, tzinfo=UTC) + delay
+
+
+def statement_period(run_period: str, now: datetime, delay: timedelta) -> str:
+    """The run's period while its statement is open; else the period the change is made in."""
+    return run_period if now < period_close(run_period, delay) else period_of(now)
 
 
 def _needs_decision(run: repo.LockedRun, now: datetime, windows: Windows, force: bool) -> bool:
@@ -85,6 +97,8 @@ def settle_runs(
     periods = {run_id: period_of(moment) for run_id, moment in ended.items()}
     ids = [r.run_id for r in due]
     events, usage = repo.load_events(conn, ids), repo.load_usage(conn, ids)
+    summaries = repo.load_usage_summaries(conn, ids)
+    close_delay = timedelta(seconds=settings.period_close_delay_s)
     totals = repo.load_period_totals(conn, due, periods)
     previous = repo.latest_decisions(conn, due)
     config = policy_config(settings)
@@ -114,7 +128,15 @@ def settle_runs(
         if previous.get(run.run_id) == _comparable(decision):
             unchanged.append(run)
             continue
-        record = _record(run, decision, ended[run.run_id], periods[run.run_id], auto_credit)
+        record = _record(
+            run,
+            decision,
+            ended_at=ended[run.run_id],
+            period=periods[run.run_id],
+            statement=statement_period(periods[run.run_id], now, close_delay),
+            usage=summaries.get(run.run_id, repo.UsageSummary()),
+            auto_credit=auto_credit,
+        )
         report.records.append(record)
         report.decided[run.run_id] = record.version
         entries.extend(_entries(run, record))
@@ -157,7 +179,14 @@ def _comparable(decision: Decision) -> tuple[str, int, int, tuple[int, ...], tup
 
 
 def _record(
-    run: repo.LockedRun, decision: Decision, ended_at: datetime, period: str, auto_credit: int
+    run: repo.LockedRun,
+    decision: Decision,
+    *,
+    ended_at: datetime,
+    period: str,
+    statement: str,
+    usage: repo.UsageSummary,
+    auto_credit: int,
 ) -> repo.DecisionRecord:
     # A held run is not billed: its ledger position goes (or stays) at nothing posted.
     held = decision.outcome == HELD_FOR_REVIEW
@@ -178,6 +207,9 @@ def _record(
         explanation=decision.explanation,
         evidence_version=run.evidence_version,
         period=period,
+        statement_period=statement,
+        started_at=run.first_event_at,
+        usage=usage,
         ended_at=ended_at,
         position_billed_micros=0 if held else decision.billed_micros,
         position_credited_micros=0 if held else decision.credited_micros,
