@@ -13,6 +13,7 @@ from api.ops import healthz, metrics, readyz
 from api.problems import EXCEPTION_HANDLERS
 from api.runs import get_run, settle_run_now
 from api.services import Services
+from api.statements import get_statement
 from api.stripe_webhooks import stripe_webhook
 from metering.config import Settings, load_settings
 
@@ -30,6 +31,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             post_events,
             get_run,
             settle_run_now,
+            get_statement,
             stripe_webhook,
             healthz,
             readyz,

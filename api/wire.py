@@ -59,3 +59,42 @@ class RunReply(msgspec.Struct):
 class Health(msgspec.Struct):
     status: str
     checks: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class TotalsReply(msgspec.Struct):
+    gross_micros: int
+    billed_micros: int
+    credited_micros: int
+    held_micros: int
+    runs: int
+    runs_restored: int
+    corrections: int
+
+
+class StatementLineReply(msgspec.Struct):
+    kind: str
+    run: str
+    version: int
+    started_at: datetime
+    ended_at: datetime
+    models: list[str]
+    input_tokens: int
+    cached_input_tokens: int
+    output_tokens: int
+    gross_micros: int
+    billed_micros: int
+    credited_micros: int
+    outcome: str
+    status: str
+    explanation: str
+    corrects_period: str | None
+    stripe: str
+
+
+class StatementReply(msgspec.Struct):
+    customer: str
+    period: str
+    closed: bool
+    totals: TotalsReply
+    lines: list[StatementLineReply]
+    next_cursor: str | None

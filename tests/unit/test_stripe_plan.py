@@ -14,8 +14,9 @@ END = NOW - timedelta(hours=1)
 
 
 def request(target: int, sent: list[Sent], **kw) -> PlanInput:
-    defaults = dict(run_id=7, version=2, target_micros=target, sent=sent, now=NOW, carry=Carry(),
-                    event_time=END)
+    defaults = dict(
+        run_id=7, version=2, target_micros=target, sent=sent, now=NOW, carry=Carry(), event_time=END
+    )
     defaults.update(kw)
     return PlanInput(**defaults)
 
@@ -30,8 +31,9 @@ def event(micros: int, age: timedelta, identifier: str = "run:7:v1") -> Sent:
 
 def test_first_send_is_one_meter_event_with_deterministic_identifier():
     steps, carry = plan(request(1_500, []))
-    assert steps == [Step("meter_event", "run:7:v2", 1_500, units=1_500,
-                          timestamp=int(END.timestamp()))]
+    assert steps == [
+        Step("meter_event", "run:7:v2", 1_500, units=1_500, timestamp=int(END.timestamp()))
+    ]
     assert carry == Carry()
 
 
@@ -52,9 +54,7 @@ def test_refund_within_24h_only_cancels():
 
 def test_increase_after_24h_is_an_extra_event_for_the_difference():
     steps, _ = plan(request(2_000, [event(1_500, timedelta(hours=25))]))
-    assert [(s.kind, s.identifier, s.micros) for s in steps] == [
-        ("meter_event", "run:7:v2", 500)
-    ]
+    assert [(s.kind, s.identifier, s.micros) for s in steps] == [("meter_event", "run:7:v2", 500)]
 
 
 def test_decrease_after_24h_is_a_balance_credit_with_the_sub_cent_rest_carried():
@@ -67,8 +67,7 @@ def test_decrease_after_24h_is_a_balance_credit_with_the_sub_cent_rest_carried()
 
 
 def test_decrease_after_24h_is_a_negative_event_when_allowed():
-    steps, _ = plan(request(1_000, [event(1_500, timedelta(days=2))],
-                            negative_values_allowed=True))
+    steps, _ = plan(request(1_000, [event(1_500, timedelta(days=2))], negative_values_allowed=True))
     assert [(s.kind, s.micros, s.units) for s in steps] == [("meter_event", -500, -500)]
 
 
@@ -98,10 +97,19 @@ def test_stripe_ends_at_the_target_exactly_whatever_the_history(targets, ages, u
     carry = Carry()
     for version, (target, age) in enumerate(zip(targets, ages, strict=False), start=1):
         now = NOW + timedelta(hours=sum(ages[:version]))
-        steps, carry = plan(PlanInput(
-            run_id=1, version=version, target_micros=target, sent=sent, now=now, carry=carry,
-            event_time=END, unit_micros=unit, negative_values_allowed=negative,
-        ))
+        steps, carry = plan(
+            PlanInput(
+                run_id=1,
+                version=version,
+                target_micros=target,
+                sent=sent,
+                now=now,
+                carry=carry,
+                event_time=END,
+                unit_micros=unit,
+                negative_values_allowed=negative,
+            )
+        )
         sent += [delivered(s, now - timedelta(hours=age)) for s in steps]
         assert sent_total(sent) == target
     meter_micros = sum(s.micros for s in sent if s.kind != "balance_credit")

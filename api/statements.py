@@ -1,0 +1,173 @@
+"""GET /v1/customers/{customer}/statements/{period}[.csv|.html] — JSON, CSV or HTML."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, date, datetime
+from pathlib import Path
+from typing import Any
+
+from anyio import to_thread
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from litestar import Request, Response, get
+from litestar.datastructures import State
+from litestar.params import FromPath
+from litestar.response import Stream
+
+from api.services import Services
+from api.wire import StatementLineReply, StatementReply, TotalsReply
+from metering.db import raw_transaction
+from metering.keys import Principal, Scope
+from metering.money import format_usd
+from metering.statements import query
+from metering.statements.render import csv_chunks, daily_chart_svg
+from metering.statements.service import StatementPage, authorize, build_query, statement_page
+
+TEMPLATES = Environment(
+    loader=FileSystemLoader(Path(__file__).parent / "templates"),
+    autoescape=select_autoescape(["html"]),
+)
+
+
+def _format(period: str, accept: str) -> tuple[str, str]:
+    for suffix in ("csv", "html"):
+        if period.endswith(f".{suffix}"):
+            return period.removesuffix(f".{suffix}"), suffix
+    if "text/csv" in accept:
+        return period, "csv"
+    if "text/html" in accept and "application/json" not in accept:
+        return period, "html"
+    return period, "json"
+
+
+@get(
+    "/v1/customers/{customer:str}/statements/{period:str}",
+    summary="A customer's usage statement for a month (JSON, CSV or HTML)",
+    tags=["statements"],
+)
+async def get_statement(
+    request: Request[Any, Any, Any],
+    customer: FromPath[str],
+    period: FromPath[str],
+    state: State,
+    outcome: str | None = None,
+    ended_from: date | None = None,
+    ended_to: date | None = None,
+    cursor: str | None = None,
+    limit: int = 100,
+) -> Response[Any]:
+    """JSON by default; CSV for ``.csv`` or ``Accept: text/csv``; HTML for ``.html``.
+
+    The annotation is a Response so each branch sets its own media type."""
+    services: Services = state.services
+    principal = services.authenticate(
+        request, Scope.CUSTOMER, Scope.SUPPORT, Scope.ADMIN, Scope.INGEST
+    )
+    period, kind = _format(period, request.headers.get("accept", ""))
+    now = datetime.now(UTC)
+    statement = build_query(
+        principal,
+        customer,
+        period,
+        now=now,
+        outcome=outcome,
+        ended_from=ended_from,
+        ended_to=ended_to,
+    )
+    if kind == "csv":
+        await to_thread.run_sync(_authorize, services, principal, customer)
+        return Stream(
+            _csv(services, statement),
+            media_type="text/csv; charset=utf-8",
+            headers={"content-disposition": _attachment(customer, statement.period)},
+        )
+    page = await to_thread.run_sync(_page, services, principal, statement, now, cursor, limit)
+    if kind == "html":
+        return Response(
+            await to_thread.run_sync(_html, services, page, statement),
+            media_type="text/html; charset=utf-8",
+        )
+    return Response(_json(page), media_type="application/json")
+
+
+def _attachment(customer: str, period: str) -> str:
+    return f'attachment; filename="statement-{customer}-{period}.csv"'
+
+
+def _authorize(services: Services, principal: Principal, customer: str) -> None:
+    with raw_transaction(services.engine) as conn:
+        authorize(conn, principal, customer)
+
+
+def _page(
+    services: Services,
+    principal: Principal,
+    statement: query.StatementQuery,
+    now: datetime,
+    cursor: str | None,
+    limit: int,
+) -> StatementPage:
+    with raw_transaction(services.engine) as conn:
+        return statement_page(
+            conn,
+            principal,
+            statement,
+            now=now,
+            close_delay_s=services.settings.period_close_delay_s,
+            cursor=cursor,
+            limit=limit,
+        )
+
+
+def _csv(services: Services, statement: query.StatementQuery) -> Iterator[bytes]:
+    with raw_transaction(services.engine) as conn:
+        yield from csv_chunks(query.stream(conn, statement))
+
+
+def _html(services: Services, page: StatementPage, statement: query.StatementQuery) -> str:
+    with raw_transaction(services.engine) as conn:
+        days = query.daily(conn, statement)
+    return TEMPLATES.get_template("statement.html").render(
+        page=page, chart=daily_chart_svg(page.period, days), usd=format_usd
+    )
+
+
+def _json(page: StatementPage) -> StatementReply:
+    totals = page.totals
+    return StatementReply(
+        customer=page.customer,
+        period=page.period,
+        closed=page.closed,
+        totals=TotalsReply(
+            gross_micros=totals.gross_micros,
+            billed_micros=totals.billed_micros,
+            credited_micros=totals.credited_micros,
+            held_micros=totals.held_micros,
+            runs=totals.runs,
+            runs_restored=totals.runs_restored,
+            corrections=totals.corrections,
+        ),
+        lines=[
+            StatementLineReply(
+                kind=line.kind,
+                run=line.run,
+                version=line.version,
+                started_at=line.started_at,
+                ended_at=line.ended_at,
+                models=line.models,
+                input_tokens=line.input_tokens,
+                cached_input_tokens=line.cached_input_tokens,
+                output_tokens=line.output_tokens,
+                gross_micros=line.gross_micros,
+                billed_micros=line.billed_micros,
+                credited_micros=line.credited_micros,
+                outcome=line.outcome,
+                status=line.status,
+                explanation=line.explanation,
+                corrects_period=line.corrects_period,
+                stripe=line.stripe,
+            )
+            for line in page.lines
+        ],
+        next_cursor=page.next_cursor,
+    )

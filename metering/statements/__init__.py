@@ -1,0 +1,1 @@
+"""Customer usage statements: the read side of decisions, per customer and month."""

@@ -1,0 +1,75 @@
+"""Statement rendering helpers: CSV rows and the daily chart's SVG (pure)."""
+
+from __future__ import annotations
+
+import calendar
+import csv
+import io
+from collections.abc import Iterable, Iterator
+from datetime import date
+from html import escape
+
+from metering.money import format_usd
+from metering.statements.query import StatementLine
+
+CSV_HEADER = [
+    "kind", "run", "version", "started_at", "ended_at", "models", "input_tokens",
+    "cached_input_tokens", "output_tokens", "gross_micros", "billed_micros", "credited_micros",
+    "gross_usd", "billed_usd", "credited_usd", "outcome", "status", "explanation",
+    "corrects_period", "stripe",
+]  # fmt: skip
+
+
+def csv_row(line: StatementLine) -> list[str]:
+    return [
+        line.kind, line.run, str(line.version), line.started_at.isoformat(),
+        line.ended_at.isoformat(), ";".join(line.models), str(line.input_tokens),
+        str(line.cached_input_tokens), str(line.output_tokens), str(line.gross_micros),
+        str(line.billed_micros), str(line.credited_micros), format_usd(line.gross_micros),
+        format_usd(line.billed_micros), format_usd(line.credited_micros), line.outcome,
+        line.status, line.explanation, line.corrects_period or "", line.stripe,
+    ]  # fmt: skip
+
+
+def csv_chunks(lines: Iterable[StatementLine], rows_per_chunk: int = 500) -> Iterator[bytes]:
+    """The CSV, header first, in chunks of rows: constant memory for any number of lines."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(CSV_HEADER)
+    for count, line in enumerate(lines, start=1):
+        writer.writerow(csv_row(line))
+        if count % rows_per_chunk == 0:
+            yield buffer.getvalue().encode()
+            buffer.seek(0)
+            buffer.truncate()
+    yield buffer.getvalue().encode()
+
+
+def daily_chart_svg(period: str, days: list[tuple[date, int, int]], width: int = 760) -> str:
+    """One pair of bars per day of the month: billed (dark) and restored (green)."""
+    year, month = (int(p) for p in period.split("-"))
+    count = calendar.monthrange(year, month)[1]
+    by_day = {d.day: (billed, restored) for d, billed, restored in days if d.month == month}
+    top = max([max(b, r) for b, r in by_day.values()] + [1])
+    height, base, slot = 180, 160, width / count
+    bars = []
+    for day in range(1, count + 1):
+        billed, restored = by_day.get(day, (0, 0))
+        x = (day - 1) * slot
+        for offset, value, css in ((0.1, billed, "billed"), (0.5, restored, "restored")):
+            bar = round(value / top * (base - 10), 1)
+            bars.append(
+                f'<rect class="bar {css}" data-day="{day}" x="{x + offset * slot:.1f}" '
+                f'y="{base - bar:.1f}" width="{slot * 0.38:.1f}" height="{bar}">'
+                f"<title>{escape(f'{period}-{day:02d}')}: {css} {format_usd(value)} USD</title>"
+                "</rect>"
+            )
+        if day == 1 or day % 5 == 0:
+            bars.append(f'<text x="{x + slot / 2:.1f}" y="{height - 4}" class="tick">{day}</text>')
+    return (
+        f'<svg class="daily-chart" role="img" aria-label="Billed and restored usage per day" '
+        f'viewBox="0 0 {width} {height}" width="100%" data-days="{count}">'
+        f'<line x1="0" y1="{base}" x2="{width}" y2="{base}" class="axis"/>'
+        + "".join(bars)
+        + "</svg>"
+    )

@@ -1,0 +1,47 @@
+"""Bulk test data straight in SQL: many settled runs for one customer, in seconds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+EXPLANATION = (
+    "The run completed at 10:42 after the agent edited 14 files and ran the test suite twice; "
+    "all of its usage was billed at the catalog prices in force when each model call was made."
+)
+
+
+def settled_runs(db: Any, *, tenant: str, customer: str, count: int, period: str) -> None:
+    """``count`` confirmed runs with one decision each, ending through ``period``."""
+    db.execute("INSERT INTO tenants (id) VALUES (%s) ON CONFLICT DO NOTHING", (tenant,))
+    db.execute("INSERT INTO customers (tenant_id, id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+               (tenant, customer))  # fmt: skip
+    params = {"tenant": tenant, "customer": customer, "count": count, "period": period,
+              "start": f"{period}-01T00:00:00Z", "explanation": EXPLANATION}  # fmt: skip
+    db.execute(
+        """
+        INSERT INTO runs (tenant_id, subject, customer_id, first_event_at, last_event_at,
+            last_received_at, terminal_at, event_count, gross_micros, evidence_version,
+            settled_evidence_version, decision_version, outcome, status, period, ended_at,
+            billed_micros, credited_micros)
+        SELECT %(tenant)s, 'bulk-run-' || g, %(customer)s, t - interval '5 minutes', t, t, t, 20,
+               1000 + g, 20, 20, 1, 'confirmed', 'Completed', %(period)s, t, 1000 + g, 0
+        FROM generate_series(1, %(count)s) AS g,
+             LATERAL (SELECT %(start)s::timestamptz + g * interval '20 seconds' AS t) AS x
+        """,
+        params,
+    )
+    db.execute(
+        """
+        INSERT INTO decisions (run_id, version, tenant_id, customer_id, origin, outcome, status,
+            gross_micros, billed_micros, credited_micros, credited_line_ids, rule_ids,
+            evidence_event_ids, explanation, evidence_version, period, ended_at,
+            statement_period, started_at, models, input_tokens, cached_input_tokens,
+            output_tokens)
+        SELECT r.id, 1, r.tenant_id, r.customer_id, 'policy', 'confirmed', 'Completed',
+               r.gross_micros, r.gross_micros, 0, '{}', '{R0}', '{}', %(explanation)s, 20,
+               %(period)s, r.ended_at, %(period)s, r.first_event_at,
+               '{agent-large-1,agent-small-1}', 120000, 40000, 9000
+        FROM runs r WHERE r.tenant_id = %(tenant)s AND r.customer_id = %(customer)s
+        """,
+        params,
+    )
