@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TEST_PEPPER = "test-pepper"
 # Tables that hold a test's data; prices and the schema version survive between tests.
 DATA_TABLES = (
+    "statement_lines",
     "stripe_deliveries",
     "stripe_outbox",
     "stripe_carries",

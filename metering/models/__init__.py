@@ -16,6 +16,7 @@ from metering.models.catalog import PriceRow
 from metering.models.events import EventRow, RunRow, UsageLineRow
 from metering.models.ledger import LedgerEntryRow
 from metering.models.settlement import DecisionRow
+from metering.models.statements import StatementLineRow
 from metering.models.tenancy import ApiKeyRow, CustomerRow, TenantRow
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "LedgerEntryRow",
     "PriceRow",
     "RunRow",
+    "StatementLineRow",
     "StripeCarryRow",
     "StripeClosedPeriodRow",
     "StripeDeliveryRow",

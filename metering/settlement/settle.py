@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -17,6 +17,7 @@ import psycopg
 from metering.billing import outbox
 from metering.config import Settings
 from metering.ledger.postings import Position, postings_between
+from metering.periods import period_of, statement_period
 from metering.policy import (
     HELD_FOR_REVIEW,
     PARTIALLY_CREDITED,
@@ -29,6 +30,7 @@ from metering.policy import (
 )
 from metering.settlement import repo
 from metering.settlement.due import Windows, due_at
+from metering.statements.projection import LineChange, record_lines
 
 
 @dataclass
@@ -45,23 +47,6 @@ def policy_config(settings: Settings) -> PolicyConfig:
         cap_floor_micros=settings.cap_floor_micros,
         cap_runs=settings.cap_runs,
     )
-
-
-def period_of(moment: datetime) -> str:
-    """Billing periods are calendar months in UTC; a run belongs to the month it ended in."""
-    return moment.astimezone(UTC).strftime("%Y-%m")
-
-
-def period_close(period: str, delay: timedelta) -> datetime:
-    """When a period's statement closes: the start of the next month, plus ``delay``."""
-    year, month = (int(part) for part in period.split("-"))
-    year, month = (year + 1, 1) if month == 12 else (year, month + 1)
-    return datetime(year, month, 1, tzinfo=UTC) + delay
-
-
-def statement_period(run_period: str, now: datetime, delay: timedelta) -> str:
-    """The run's period while its statement is open; else the period the change is made in."""
-    return run_period if now < period_close(run_period, delay) else period_of(now)
 
 
 def _needs_decision(run: repo.LockedRun, now: datetime, windows: Windows, force: bool) -> bool:
@@ -89,15 +74,15 @@ def settle_runs(
     runs = repo.lock_runs(conn, run_ids)
     windows = Windows.from_settings(settings)
     due = [r for r in runs if _needs_decision(r, now, windows, force)]
-    report.not_due = [r.run_id for r in runs if r not in due]
+    due_ids = {r.run_id for r in due}
+    report.not_due = [r.run_id for r in runs if r.run_id not in due_ids]
     repo.release_claims(conn, report.not_due)
     if not due:
         return report
     ended = {r.run_id: r.clock.terminal_at or r.clock.last_event_at for r in due}
     periods = {run_id: period_of(moment) for run_id, moment in ended.items()}
     ids = [r.run_id for r in due]
-    events, usage = repo.load_events(conn, ids), repo.load_usage(conn, ids)
-    summaries = repo.load_usage_summaries(conn, ids)
+    evidence = repo.load_evidence(conn, ids)
     close_delay = timedelta(seconds=settings.period_close_delay_s)
     totals = repo.load_period_totals(conn, due, periods)
     previous = repo.latest_decisions(conn, due)
@@ -107,8 +92,8 @@ def settle_runs(
     for run in sorted(due, key=lambda r: (ended[r.run_id], r.run_id)):
         period_totals = totals[(run.tenant_id, run.customer_id, periods[run.run_id])]
         facts = RunFacts(
-            events=tuple(events.get(run.run_id, ())),
-            usage=tuple(usage.get(run.run_id, ())),
+            events=tuple(evidence.events.get(run.run_id, ())),
+            usage=tuple(evidence.usage.get(run.run_id, ())),
             abandoned=run.clock.terminal_at is None,
             period=CustomerPeriod(
                 period_gross_micros=period_totals.gross_micros + run.gross_micros,
@@ -134,7 +119,7 @@ def settle_runs(
             ended_at=ended[run.run_id],
             period=periods[run.run_id],
             statement=statement_period(periods[run.run_id], now, close_delay),
-            usage=summaries.get(run.run_id, repo.UsageSummary()),
+            usage=evidence.summaries.get(run.run_id, repo.UsageSummary()),
             auto_credit=auto_credit,
         )
         report.records.append(record)
@@ -145,7 +130,32 @@ def settle_runs(
     repo.insert_entries(conn, entries)
     repo.mark_settled(conn, report.records, unchanged)
     outbox.enqueue(conn, _billing_changes(due, report.records))
+    record_lines(conn, [line_change(record) for record in report.records], now)
     return report
+
+
+def line_change(record: repo.DecisionRecord) -> LineChange:
+    """What a decision puts on the customer's statement: its ledger position."""
+    return LineChange(
+        run_id=record.run_id,
+        tenant_id=record.tenant_id,
+        customer_id=record.customer_id,
+        statement_period=record.statement_period,
+        run_period=record.period,
+        version=record.version,
+        started_at=record.started_at,
+        ended_at=record.ended_at,
+        models=record.usage.models,
+        input_tokens=record.usage.input_tokens,
+        cached_input_tokens=record.usage.cached_input_tokens,
+        output_tokens=record.usage.output_tokens,
+        gross_micros=record.gross_micros,
+        billed_micros=record.position_billed_micros,
+        credited_micros=record.position_credited_micros,
+        outcome=record.outcome,
+        status=record.status,
+        explanation=record.explanation,
+    )
 
 
 def _billing_changes(

@@ -1,9 +1,9 @@
-"""Statement lines and totals, read from decisions by their statement period.
+"""Statement lines and totals, read from the ``statement_lines`` read model.
 
-A *run line* is the last decision version a run got on this statement; a *correction line*
-is a change to a run of an earlier, already closed statement, shown as the difference from
-what that statement (or the last one after it) showed. Amounts are the ledger's position:
-a run held for review has nothing billed or credited yet.
+A *run line* shows a run on the statement of the month it ended in; a *correction line* a
+change made to a run after its own statement had closed, as the difference from what the
+previous statement showed. Amounts are the ledger's position: a run held for review has
+nothing billed or credited yet.
 """
 
 from __future__ import annotations
@@ -88,50 +88,23 @@ def check_outcome(outcome: str | None) -> str | None:
     return outcome
 
 
-# The decision in force on this statement for each run, its predecessor on earlier
-# statements (for corrections), and the position both left in the ledger.
-LINES_SQL = """
-WITH in_force AS (
-    SELECT DISTINCT ON (d.run_id) d.*
-    FROM decisions d
-    WHERE d.tenant_id = %(tenant)s AND d.customer_id = %(customer)s
-      AND d.statement_period = %(period)s
-    ORDER BY d.run_id, d.version DESC
-), lines AS (
-    SELECT f.*, r.subject,
-           CASE WHEN f.period = %(period)s THEN 'run' ELSE 'correction' END AS kind,
-           prev.gross_micros AS prev_gross,
-           CASE WHEN prev.outcome = 'held_for_review' THEN 0 ELSE prev.billed_micros END
-               AS prev_billed,
-           CASE WHEN prev.outcome = 'held_for_review' THEN 0 ELSE prev.credited_micros END
-               AS prev_credited,
-           (SELECT o.status FROM stripe_outbox o
-             WHERE o.run_id = f.run_id AND o.decision_version = f.version) AS stripe_status
-    FROM in_force f
-    JOIN runs r ON r.id = f.run_id
-    LEFT JOIN LATERAL (
-        SELECT p.* FROM decisions p
-        WHERE f.period <> %(period)s AND p.run_id = f.run_id AND p.version < f.version
-          AND p.statement_period <> %(period)s
-        ORDER BY p.version DESC LIMIT 1
-    ) prev ON true
-    WHERE (%(outcome)s::text IS NULL OR f.outcome = %(outcome)s)
-      AND (%(ended_from)s::timestamptz IS NULL OR f.ended_at >= %(ended_from)s)
-      AND (%(ended_to)s::timestamptz IS NULL OR f.ended_at < %(ended_to)s)
-)
+WHERE = """
+WHERE l.tenant_id = %(tenant)s AND l.customer_id = %(customer)s
+  AND l.statement_period = %(period)s
+  AND (%(outcome)s::text IS NULL OR l.outcome = %(outcome)s)
+  AND (%(ended_from)s::timestamptz IS NULL OR l.ended_at >= %(ended_from)s)
+  AND (%(ended_to)s::timestamptz IS NULL OR l.ended_at < %(ended_to)s)
 """
 
-LINE_COLUMNS = """
-    kind, subject, version, started_at, ended_at, models, input_tokens, cached_input_tokens,
-    output_tokens,
-    gross_micros - coalesce(prev_gross, 0),
-    (CASE WHEN outcome = 'held_for_review' THEN 0 ELSE billed_micros END)
-        - coalesce(prev_billed, 0),
-    (CASE WHEN outcome = 'held_for_review' THEN 0 ELSE credited_micros END)
-        - coalesce(prev_credited, 0),
-    outcome, status, explanation,
-    CASE WHEN kind = 'correction' THEN period END,
-    coalesce(stripe_status, 'not_billed'), decided_at, run_id
+LINE_SELECT = f"""
+SELECT l.kind, l.subject, l.version, l.started_at, l.ended_at, l.models, l.input_tokens,
+       l.cached_input_tokens, l.output_tokens, l.gross_abs - l.base_gross,
+       l.billed_abs - l.base_billed, l.credited_abs - l.base_credited, l.outcome, l.status,
+       l.explanation, CASE WHEN l.kind = 'correction' THEN l.run_period END,
+       coalesce(o.status, 'not_billed'), l.decided_at, l.run_id
+FROM statement_lines l
+LEFT JOIN stripe_outbox o ON o.run_id = l.run_id AND o.decision_version = l.version
+{WHERE}
 """
 
 
@@ -166,10 +139,9 @@ def page(
         "limit": limit,
     }
     rows = conn.execute(
-        LINES_SQL + f"SELECT {LINE_COLUMNS} FROM lines "
-        "WHERE %(after_ended)s::timestamptz IS NULL "
-        "   OR (ended_at, run_id) > (%(after_ended)s, %(after_run)s) "
-        "ORDER BY ended_at, run_id LIMIT %(limit)s",
+        LINE_SELECT + " AND (%(after_ended)s::timestamptz IS NULL"
+        "      OR (l.ended_at, l.run_id) > (%(after_ended)s, %(after_run)s))"
+        " ORDER BY l.ended_at, l.run_id LIMIT %(limit)s",
         params,
     ).fetchall()
     return [_line(r) for r in rows]
@@ -179,27 +151,21 @@ def stream(conn: psycopg.Connection[Any], query: StatementQuery) -> Iterator[Sta
     """Every line, through a server-side cursor: memory stays flat for any statement size."""
     with conn.cursor(name="statement_lines") as cursor:
         cursor.itersize = 2000
-        cursor.execute(
-            LINES_SQL + f"SELECT {LINE_COLUMNS} FROM lines ORDER BY ended_at, run_id",
-            _params(query),
-        )
+        cursor.execute(LINE_SELECT + " ORDER BY l.ended_at, l.run_id", _params(query))
         for row in cursor:
             yield _line(row)
 
 
 def totals(conn: psycopg.Connection[Any], query: StatementQuery) -> Totals:
     row = conn.execute(
-        LINES_SQL
-        + f"""
-        , amounts AS (SELECT {LINE_COLUMNS} FROM lines)
-        SELECT coalesce(sum(a.gross), 0), coalesce(sum(a.billed), 0),
-               coalesce(sum(a.credited), 0),
-               count(*) FILTER (WHERE a.kind = 'run'),
-               count(*) FILTER (WHERE a.kind = 'run' AND a.outcome = 'refunded'),
-               count(*) FILTER (WHERE a.kind = 'correction')
-        FROM amounts AS a(kind, subject, version, started_at, ended_at, models, input_tokens,
-                          cached_input_tokens, output_tokens, gross, billed, credited, outcome,
-                          status, explanation, corrects_period, stripe, decided_at, run_id)
+        f"""
+        SELECT coalesce(sum(l.gross_abs - l.base_gross), 0),
+               coalesce(sum(l.billed_abs - l.base_billed), 0),
+               coalesce(sum(l.credited_abs - l.base_credited), 0),
+               count(*) FILTER (WHERE l.kind = 'run'),
+               count(*) FILTER (WHERE l.kind = 'run' AND l.outcome = 'refunded'),
+               count(*) FILTER (WHERE l.kind = 'correction')
+        FROM statement_lines l {WHERE}
         """,
         _params(query),
     ).fetchone()
@@ -220,15 +186,11 @@ def daily(conn: psycopg.Connection[Any], query: StatementQuery) -> list[tuple[da
     """(day, billed, restored) per day — a run's end, or a correction's decision — for the
     chart."""
     rows = conn.execute(
-        LINES_SQL
-        + f"""
-        , amounts AS (SELECT {LINE_COLUMNS} FROM lines)
-        SELECT ((CASE WHEN a.kind = 'correction' THEN a.decided_at ELSE a.ended_at END)
+        f"""
+        SELECT ((CASE WHEN l.kind = 'correction' THEN l.decided_at ELSE l.ended_at END)
                 AT TIME ZONE 'UTC')::date,
-               sum(a.billed), sum(a.credited)
-        FROM amounts AS a(kind, subject, version, started_at, ended_at, models, input_tokens,
-                          cached_input_tokens, output_tokens, gross, billed, credited, outcome,
-                          status, explanation, corrects_period, stripe, decided_at, run_id)
+               sum(l.billed_abs - l.base_billed), sum(l.credited_abs - l.base_credited)
+        FROM statement_lines l {WHERE}
         GROUP BY 1 ORDER BY 1
         """,
         _params(query),

@@ -12,7 +12,7 @@ import psycopg
 
 from metering.errors import FieldError, forbidden, not_found, validation_error
 from metering.keys import Principal, Scope
-from metering.settlement.settle import period_close
+from metering.periods import period_close
 from metering.statements import query
 from metering.statements.query import StatementLine, StatementQuery, Totals
 

@@ -45,3 +45,18 @@ def settled_runs(db: Any, *, tenant: str, customer: str, count: int, period: str
         """,
         params,
     )
+    db.execute(
+        """
+        INSERT INTO statement_lines (run_id, statement_period, tenant_id, customer_id, subject,
+            kind, run_period, version, started_at, ended_at, decided_at, models, input_tokens,
+            cached_input_tokens, output_tokens, gross_abs, billed_abs, credited_abs,
+            base_gross, base_billed, base_credited, outcome, status, explanation)
+        SELECT d.run_id, d.statement_period, d.tenant_id, d.customer_id, r.subject, 'run',
+               d.period, d.version, d.started_at, d.ended_at, d.decided_at, d.models,
+               d.input_tokens, d.cached_input_tokens, d.output_tokens, d.gross_micros,
+               d.billed_micros, d.credited_micros, 0, 0, 0, d.outcome, d.status, d.explanation
+        FROM decisions d JOIN runs r ON r.id = d.run_id
+        WHERE d.tenant_id = %(tenant)s AND d.customer_id = %(customer)s
+        """,
+        params,
+    )

@@ -1,0 +1,59 @@
+"""The statement read model: one row per (run, statement period), kept by settlement.
+
+Decisions are history; this table is a projection of them for fast statements (a page is an
+index range scan, totals one aggregate). ``*_abs`` hold the run's position after the latest
+decision on this statement; ``base_*`` the position the previous statement left (zero for a
+run's own period), so the line shows ``abs - base``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlmodel import Field, SQLModel
+
+
+def _bigint() -> sa.Column[int]:
+    return sa.Column(sa.BigInteger, nullable=False)
+
+
+class StatementLineRow(SQLModel, table=True):
+    __tablename__ = "statement_lines"
+    __table_args__ = (
+        sa.CheckConstraint("kind IN ('run', 'correction')", name="kind_known"),
+        sa.Index(
+            "ix_statement_lines_page",
+            "tenant_id",
+            "customer_id",
+            "statement_period",
+            "ended_at",
+            "run_id",
+        ),
+    )
+
+    run_id: int = Field(foreign_key="runs.id", primary_key=True, sa_type=sa.BigInteger)
+    statement_period: str = Field(primary_key=True, max_length=7)
+    tenant_id: str = Field(max_length=64)
+    customer_id: str = Field(max_length=128)
+    subject: str = Field(max_length=200)
+    kind: str = Field(max_length=16)
+    run_period: str = Field(max_length=7)
+    version: int = Field(sa_column=sa.Column(sa.Integer, nullable=False))
+    started_at: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))
+    ended_at: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))
+    decided_at: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))
+    models: list[str] = Field(sa_column=sa.Column(ARRAY(sa.Text), nullable=False))
+    input_tokens: int = Field(sa_column=_bigint())
+    cached_input_tokens: int = Field(sa_column=_bigint())
+    output_tokens: int = Field(sa_column=_bigint())
+    gross_abs: int = Field(sa_column=_bigint())
+    billed_abs: int = Field(sa_column=_bigint())
+    credited_abs: int = Field(sa_column=_bigint())
+    base_gross: int = Field(sa_column=_bigint())
+    base_billed: int = Field(sa_column=_bigint())
+    base_credited: int = Field(sa_column=_bigint())
+    outcome: str = Field(max_length=32)
+    status: str = Field(max_length=64)
+    explanation: str = Field(sa_column=sa.Column(sa.Text, nullable=False))
