@@ -24,6 +24,8 @@ from metering.migrate import upgrade
 from metering.prices import insert_prices, read_catalog_file
 from tests.support.services import (
     TEST_DATABASE,
+    drop_database,
+    drop_stale_test_databases,
     plain_url,
     recreate_database,
     redis_url,
@@ -52,12 +54,15 @@ DATA_TABLES = (
 
 
 @pytest.fixture(scope="session")
-def database_url() -> str:
-    url = recreate_database(server_database_url(), TEST_DATABASE)
+def database_url() -> Iterator[str]:
+    server = server_database_url()
+    drop_stale_test_databases(server)
+    url = recreate_database(server, TEST_DATABASE)
     upgrade(url)
     with psycopg.connect(url) as conn:
         insert_prices(conn, read_catalog_file())
-    return url
+    yield url
+    drop_database(server, TEST_DATABASE)
 
 
 @pytest.fixture(scope="session")

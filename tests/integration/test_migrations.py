@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import psycopg
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
@@ -10,9 +12,9 @@ from sqlalchemy import create_engine
 from metering.config import to_psycopg_url
 from metering.migrate import downgrade, upgrade
 from metering.models import metadata
-from tests.support.services import recreate_database, server_database_url
+from tests.support.services import drop_database, recreate_database, server_database_url
 
-SCRATCH = "fairmeter_migrations_test"
+SCRATCH = f"fairmeter_test_migrations_{os.getpid()}"
 
 
 def schema_diff(url: str) -> list[object]:
@@ -43,9 +45,12 @@ def test_downgrade_then_upgrade_round_trips():
     assert {"events", "runs", "usage_lines", "ledger_entries", "api_keys", "prices"} <= built
     downgrade(url, "base")
     assert tables(url) == set()
-    upgrade(url)
-    assert tables(url) == built
-    assert schema_diff(url) == []
+    try:
+        upgrade(url)
+        assert tables(url) == built
+        assert schema_diff(url) == []
+    finally:
+        drop_database(server_database_url(), SCRATCH)
 
 
 def test_ledger_refuses_updates_and_deletes(database_url, db, make_key, client):

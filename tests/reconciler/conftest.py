@@ -17,7 +17,7 @@ import redis
 from tests.conftest import ROOT, service_env
 
 # A Redis database of its own, so a stray message from another suite never reaches us.
-WORKER_REDIS_DB = 7
+WORKER_REDIS_DB = 8 + os.getpid() % 8
 
 
 def worker_env(settings: Any, **overrides: str) -> dict[str, str]:

@@ -17,7 +17,10 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 LOCAL_REDIS_URL = "redis://127.0.0.1:6379/0"
-TEST_DATABASE = "fairmeter_test"
+# One database per test session, so two sessions on one machine (CI, a developer, a
+# helper) never drop each other's data; stale ones of finished sessions are removed.
+TEST_DATABASE_PREFIX = "fairmeter_test_"
+TEST_DATABASE = f"{TEST_DATABASE_PREFIX}{os.getpid()}"
 
 _embedded: list[object] = []  # keep handles alive for the session
 
@@ -71,6 +74,24 @@ def with_database(url: str, name: str) -> str:
 def plain_url(url: str) -> str:
     """psycopg wants postgresql://, not SQLAlchemy's postgresql+psycopg://."""
     return url.replace("postgresql+psycopg://", "postgresql://", 1)
+
+
+def drop_stale_test_databases(server_url: str) -> None:
+    """Remove databases of test sessions whose process is gone."""
+    with psycopg.connect(plain_url(server_url), autocommit=True) as conn:
+        names = [r[0] for r in conn.execute(
+            "SELECT datname FROM pg_database WHERE datname LIKE %s",
+            (TEST_DATABASE_PREFIX + "%",),
+        ).fetchall()]  # fmt: skip
+        for name in names:
+            pid = name.removeprefix(TEST_DATABASE_PREFIX)
+            if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def drop_database(server_url: str, name: str) -> None:
+    with psycopg.connect(plain_url(server_url), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def recreate_database(server_url: str, name: str) -> str:
