@@ -124,9 +124,19 @@ def settle(due: bool) -> None:
     )
 
 
-from api.launcher import up  # noqa: E402 - registered after the commands defined here
+from api.cli_statement import statement  # noqa: E402 - registered after the commands here
+from api.cli_stripe import stripe  # noqa: E402
+from api.cli_support import support  # noqa: E402
+from api.launcher import up  # noqa: E402
 
 main.add_command(up)
+main.add_command(stripe)
+main.add_command(statement)
+main.add_command(support)
+
+from api.stripe_emulator.cli import stripe_emulator  # noqa: E402 - registered like `up`
+
+main.add_command(stripe_emulator)
 
 
 def run() -> None:

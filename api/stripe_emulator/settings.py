@@ -1,0 +1,62 @@
+"""Behaviour switches of the emulator, changed at run time through ``POST /_emulator/settings``."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+DAY_S = 24 * 3600
+
+
+@dataclass
+class EmulatorSettings:
+    """Stripe's documented limits, as defaults; tests may loosen or tighten them."""
+
+    allow_negative_values: bool = False
+    # One concurrent meter-event call per (customer, meter); a second one gets 429 lock_timeout.
+    lock_rule: bool = True
+    # Stripe promises identifier uniqueness "within a rolling period of at least 24 hours";
+    # the emulator forgets identifiers after exactly that long (None: never forgets).
+    identifier_window_s: int | None = DAY_S
+    idempotency_window_s: int = DAY_S
+    cancel_window_s: int = DAY_S
+    past_window_s: int = 35 * DAY_S
+    future_window_s: int = 300
+    # Injected faults: how long "timeout" stalls and how long "slow" holds a request.
+    timeout_s: float = 3.0
+    slow_s: float = 1.0
+    webhook_url: str | None = None
+    webhook_secret: str | None = None
+
+    def update(self, changes: dict[str, Any]) -> None:
+        """Apply known keys; raise ValueError naming any unknown key or wrong type."""
+        known = {f.name: f for f in fields(self)}
+        for name, value in changes.items():
+            if name not in known:
+                raise ValueError(f"unknown setting {name!r}; known: {sorted(known)}")
+            current = getattr(self, name)
+            if not _type_fits(current, value, name):
+                raise ValueError(f"setting {name!r} has the wrong type: {value!r}")
+        for name, value in changes.items():
+            setattr(self, name, value)
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        if data.get("webhook_secret"):
+            data["webhook_secret"] = "***"  # noqa: S105 - a mask, not a secret
+        return data
+
+
+_OPTIONAL = {"identifier_window_s", "webhook_url", "webhook_secret"}
+
+
+def _type_fits(current: Any, value: Any, name: str) -> bool:
+    if value is None:
+        return name in _OPTIONAL
+    if isinstance(current, bool) or name in {"lock_rule", "allow_negative_values"}:
+        return isinstance(value, bool)
+    if name in {"timeout_s", "slow_s"}:
+        return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
+    if name in {"webhook_url", "webhook_secret"}:
+        return isinstance(value, str)
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
