@@ -15,6 +15,7 @@ from api.runs import get_run, settle_run_now
 from api.services import Services
 from api.statements import get_statement
 from api.stripe_webhooks import stripe_webhook
+from api.support import SUPPORT_HANDLERS
 from metering.config import Settings, load_settings
 
 
@@ -36,6 +37,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             healthz,
             readyz,
             metrics,
+            *SUPPORT_HANDLERS,
         ],
         state=State({"services": services}),
         exception_handlers=EXCEPTION_HANDLERS,

@@ -87,6 +87,9 @@ class Settings(BaseSettings):
     # that ended just before midnight still land in it); later changes go to the next one.
     period_close_delay_s: int = 24 * 3600
 
+    # Support: credits above this per run need an admin key.
+    support_credit_limit_micros: int = 50_000_000
+
     # Database pool.
     db_pool_size: int = 10
     db_max_overflow: int = 20

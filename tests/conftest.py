@@ -36,6 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TEST_PEPPER = "test-pepper"
 # Tables that hold a test's data; prices and the schema version survive between tests.
 DATA_TABLES = (
+    "audit_log",
+    "disputes",
     "statement_lines",
     "stripe_deliveries",
     "stripe_outbox",

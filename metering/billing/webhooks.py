@@ -86,8 +86,18 @@ def meter_error_identifiers(event: dict[str, Any]) -> list[str]:
         for sample in error_type.get("sample_errors") or []:
             identifier = (sample.get("request") or {}).get("identifier")
             if isinstance(identifier, str):
-                found.append(identifier)
+                found.append(meter_identifier(identifier))
     return found
+
+
+def meter_identifier(reported: str) -> str:
+    """Stripe reports the request's idempotency key there; ours embed the meter identifier
+    (``fairmeter:<row>:<step>:<identifier>``), so both forms lead to the delivery."""
+    if reported.startswith("fairmeter:"):
+        parts = reported.split(":", 3)
+        if len(parts) == 4:
+            return parts[3]
+    return reported
 
 
 def _mark_meter_errors(conn: psycopg.Connection[Any], event: dict[str, Any]) -> None:

@@ -17,12 +17,15 @@ from metering.models.events import EventRow, RunRow, UsageLineRow
 from metering.models.ledger import LedgerEntryRow
 from metering.models.settlement import DecisionRow
 from metering.models.statements import StatementLineRow
+from metering.models.support import AuditRow, DisputeRow
 from metering.models.tenancy import ApiKeyRow, CustomerRow, TenantRow
 
 __all__ = [
     "ApiKeyRow",
+    "AuditRow",
     "CustomerRow",
     "DecisionRow",
+    "DisputeRow",
     "EventRow",
     "LedgerEntryRow",
     "PriceRow",

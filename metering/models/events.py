@@ -92,6 +92,14 @@ class RunRow(SQLModel, table=True):
     )
     parked_at: datetime | None = timestamp_field(nullable=True)
     parked_reason: str | None = Field(default=None, max_length=500)
+    # Support's say on the run, applied on top of every policy decision (so late evidence
+    # never undoes a granted credit): extra credit granted, and whether a hold was released.
+    support_credit_micros: int = Field(
+        default=0, sa_column=sa.Column(sa.BigInteger, nullable=False, server_default="0")
+    )
+    support_released: bool = Field(
+        default=False, sa_column=sa.Column(sa.Boolean, nullable=False, server_default="false")
+    )
 
 
 class EventRow(SQLModel, table=True):

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import msgspec
 import psycopg
 
 from metering.policy import EventFact, UsageLine
@@ -32,12 +33,15 @@ class LockedRun:
     credited_micros: int
     period: str | None
     first_event_at: datetime
+    support_credit_micros: int = 0
+    support_released: bool = False
 
 
 LOCK_RUNS = """
 SELECT id, tenant_id, subject, customer_id, terminal_at, last_event_at, last_lost_at,
        last_recovered_at, gross_micros, evidence_version, settled_evidence_version,
-       decision_version, billed_micros, credited_micros, period, first_event_at
+       decision_version, billed_micros, credited_micros, period, first_event_at,
+       support_credit_micros, support_released
 FROM runs WHERE id = ANY(%(ids)s) ORDER BY id FOR UPDATE
 """
 
@@ -77,40 +81,11 @@ def lock_runs(conn: psycopg.Connection[Any], run_ids: Sequence[int]) -> list[Loc
             credited_micros=r[13],
             period=r[14],
             first_event_at=r[15],
+            support_credit_micros=r[16],
+            support_released=r[17],
         )
         for r in rows
     ]
-
-
-def load_events(
-    conn: psycopg.Connection[Any], run_ids: Sequence[int]
-) -> dict[int, list[EventFact]]:
-    rows = conn.execute(
-        # Event ids are unique per source only, so the policy sees "source/id".
-        "SELECT run_id, source || '/' || event_id, type, time, data FROM events "
-        "WHERE run_id = ANY(%(ids)s)",
-        {"ids": list(run_ids)},
-    ).fetchall()
-    events: dict[int, list[EventFact]] = {}
-    for run_id, event_id, type_, time, data in rows:
-        events.setdefault(run_id, []).append(EventFact(event_id, type_, time, data))
-    return events
-
-
-def load_usage(conn: psycopg.Connection[Any], run_ids: Sequence[int]) -> dict[int, list[UsageLine]]:
-    rows = conn.execute(
-        """
-        SELECT u.run_id, u.id, e.source || '/' || e.event_id, u.step, u.attempt,
-               u.tool_call_id, u.replay, u.gross_micros, u.time
-        FROM usage_lines u JOIN events e ON e.id = u.event_pk
-        WHERE u.run_id = ANY(%(ids)s)
-        """,
-        {"ids": list(run_ids)},
-    ).fetchall()
-    usage: dict[int, list[UsageLine]] = {}
-    for run_id, *line in rows:
-        usage.setdefault(run_id, []).append(UsageLine(*line))
-    return usage
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,19 +96,63 @@ class UsageSummary:
     output_tokens: int = 0
 
 
-def load_usage_summaries(
-    conn: psycopg.Connection[Any], run_ids: Sequence[int]
-) -> dict[int, UsageSummary]:
-    """Models and tokens by class per run, kept on the decision for statements."""
-    rows = conn.execute(
-        """
-        SELECT run_id, array_agg(DISTINCT model ORDER BY model), sum(input_tokens),
-               sum(cached_input_tokens), sum(output_tokens)
-        FROM usage_lines WHERE run_id = ANY(%(ids)s) GROUP BY run_id
-        """,
-        {"ids": list(run_ids)},
-    ).fetchall()
-    return {r[0]: UsageSummary(tuple(r[1]), int(r[2]), int(r[3]), int(r[4])) for r in rows}
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """What settlement reads of a chunk's runs, by run id."""
+
+    events: dict[int, list[EventFact]]
+    usage: dict[int, list[UsageLine]]
+    summaries: dict[int, UsageSummary]  # models and tokens, kept on the decision
+
+
+# ``data`` as text: decoding all of a chunk's bodies in one msgspec call costs a fraction of
+# psycopg's per-value jsonb loader.
+LOAD_EVENTS = """
+SELECT run_id, id, source || '/' || event_id, type, time, data::text FROM events
+WHERE run_id = ANY(%(ids)s)
+"""
+
+LOAD_USAGE = """
+SELECT run_id, id, event_pk, step, attempt, tool_call_id, replay, gross_micros, time, model,
+       input_tokens, cached_input_tokens, output_tokens
+FROM usage_lines WHERE run_id = ANY(%(ids)s)
+"""
+
+
+def load_evidence(conn: psycopg.Connection[Any], run_ids: Sequence[int]) -> Evidence:
+    """The runs' events and usage lines, in two statements (the hot read of settlement).
+
+    Event ids are unique per source only, so the policy sees "source/id"; a usage line
+    names its event by that too, looked up among the run's events rather than joined.
+    """
+    params = {"ids": list(run_ids)}
+    event_rows = conn.execute(LOAD_EVENTS, params).fetchall()
+    usage_rows = conn.execute(LOAD_USAGE, params).fetchall()
+    bodies = msgspec.json.decode("[" + ",".join(row[5] for row in event_rows) + "]")
+    events: dict[int, list[EventFact]] = {}
+    names: dict[int, str] = {}
+    for (run_id, pk, event_id, type_, time, _), data in zip(event_rows, bodies, strict=True):
+        events.setdefault(run_id, []).append(EventFact(event_id, type_, time, data))
+        names[pk] = event_id
+    usage: dict[int, list[UsageLine]] = {}
+    for run_id, line_id, event_pk, *line, _model, _inp, _cached, _out in usage_rows:
+        usage.setdefault(run_id, []).append(UsageLine(line_id, names[event_pk], *line))
+    return Evidence(events, usage, _summaries(usage_rows))
+
+
+def _summaries(usage_rows: Sequence[tuple[Any, ...]]) -> dict[int, UsageSummary]:
+    models: dict[int, set[str]] = {}
+    tokens: dict[int, list[int]] = {}
+    for run_id, *_, model, input_tokens, cached_input_tokens, output_tokens in usage_rows:
+        models.setdefault(run_id, set()).add(model)
+        sums = tokens.setdefault(run_id, [0, 0, 0])
+        sums[0] += input_tokens
+        sums[1] += cached_input_tokens
+        sums[2] += output_tokens
+    return {
+        run_id: UsageSummary(tuple(sorted(models[run_id])), *sums)
+        for run_id, sums in tokens.items()
+    }
 
 
 @dataclass
@@ -215,21 +234,21 @@ class EntryRecord:
     corrects: str | None
 
 
+DECISION_COLUMNS = (
+    "run_id, version, tenant_id, customer_id, origin, outcome, status, gross_micros, "
+    "billed_micros, credited_micros, credited_line_ids, rule_ids, evidence_event_ids, "
+    "explanation, evidence_version, period, ended_at, statement_period, started_at, models, "
+    "input_tokens, cached_input_tokens, output_tokens"
+)
+
+
 def insert_decisions(conn: psycopg.Connection[Any], records: Sequence[DecisionRecord]) -> None:
+    """COPY, not INSERT: one stream for the chunk instead of a statement per decision."""
     if not records:
         return
-    with conn.cursor() as cur:
-        cur.executemany(
-            """
-            INSERT INTO decisions (run_id, version, tenant_id, customer_id, origin, outcome,
-                status, gross_micros, billed_micros, credited_micros, credited_line_ids,
-                rule_ids, evidence_event_ids, explanation, evidence_version, period, ended_at,
-                statement_period, started_at, models, input_tokens, cached_input_tokens,
-                output_tokens)
-            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
-                    %s, %s, %s, %s, %s, %s)
-            """,
-            [
+    with conn.cursor() as cur, cur.copy(f"COPY decisions ({DECISION_COLUMNS}) FROM STDIN") as copy:
+        for d in records:
+            copy.write_row(
                 (
                     d.run_id,
                     d.version,
@@ -255,9 +274,7 @@ def insert_decisions(conn: psycopg.Connection[Any], records: Sequence[DecisionRe
                     d.usage.cached_input_tokens,
                     d.usage.output_tokens,
                 )
-                for d in records
-            ],
-        )
+            )
 
 
 def insert_entries(conn: psycopg.Connection[Any], entries: Sequence[EntryRecord]) -> None:

@@ -16,6 +16,7 @@ import psycopg
 
 from metering.billing import outbox
 from metering.config import Settings
+from metering.disputes.adjust import apply_support
 from metering.ledger.postings import Position, postings_between
 from metering.periods import period_of, statement_period
 from metering.policy import (
@@ -24,6 +25,7 @@ from metering.policy import (
     REFUNDED,
     CustomerPeriod,
     Decision,
+    EventFact,
     PolicyConfig,
     RunFacts,
     decide,
@@ -49,7 +51,11 @@ def policy_config(settings: Settings) -> PolicyConfig:
     )
 
 
-def _needs_decision(run: repo.LockedRun, now: datetime, windows: Windows, force: bool) -> bool:
+def _needs_decision(
+    run: repo.LockedRun, now: datetime, windows: Windows, force: bool, redecide: bool
+) -> bool:
+    if redecide:
+        return True
     if force:
         return run.decision_version == 0 or run.evidence_version > run.settled_evidence_version
     if run.evidence_version <= run.settled_evidence_version:
@@ -64,16 +70,21 @@ def settle_runs(
     now: datetime,
     settings: Settings,
     force: bool = False,
+    origin: str = "policy",
 ) -> SettleReport:
     """Settle the given runs that are due (all of them with ``force``, as if every window
-    had passed: a run without a terminal event is then settled as abandoned)."""
+    had passed: a run without a terminal event is then settled as abandoned).
+
+    ``origin="support"`` re-decides every given run (support changed its credit or released
+    its hold); a version is still only written when the result differs."""
     report = SettleReport()
     if not run_ids:
         return report
     repo.lock_customers(conn, run_ids)
     runs = repo.lock_runs(conn, run_ids)
     windows = Windows.from_settings(settings)
-    due = [r for r in runs if _needs_decision(r, now, windows, force)]
+    redecide = origin == "support"
+    due = [r for r in runs if _needs_decision(r, now, windows, force or redecide, redecide)]
     due_ids = {r.run_id for r in due}
     report.not_due = [r.run_id for r in runs if r.run_id not in due_ids]
     repo.release_claims(conn, report.not_due)
@@ -101,15 +112,20 @@ def settle_runs(
                 auto_refunded_runs=period_totals.auto_refunded_runs,
             ),
         )
-        decision = decide(facts, config)
-        if decision.gross_micros != run.gross_micros:
+        policy_decision = decide(facts, config)
+        if policy_decision.gross_micros != run.gross_micros:
             raise AssertionError(f"run {run.run_id}: usage lines disagree with the run's gross")
-        auto_credit = (
-            decision.credited_micros if decision.outcome in (PARTIALLY_CREDITED, REFUNDED) else 0
+        automatic = policy_decision.outcome in (PARTIALLY_CREDITED, REFUNDED)
+        auto_credit = policy_decision.credited_micros if automatic else 0
+        decision = apply_support(
+            policy_decision,
+            extra_credit_micros=run.support_credit_micros,
+            released=run.support_released,
+            ended_kind=ended_kind(facts.events),
         )
         period_totals.gross_micros += run.gross_micros
         period_totals.auto_credited_micros += auto_credit
-        period_totals.auto_refunded_runs += decision.outcome == REFUNDED
+        period_totals.auto_refunded_runs += policy_decision.outcome == REFUNDED
         if previous.get(run.run_id) == _comparable(decision):
             unchanged.append(run)
             continue
@@ -121,6 +137,7 @@ def settle_runs(
             statement=statement_period(periods[run.run_id], now, close_delay),
             usage=evidence.summaries.get(run.run_id, repo.UsageSummary()),
             auto_credit=auto_credit,
+            origin=origin,
         )
         report.records.append(record)
         report.decided[run.run_id] = record.version
@@ -178,6 +195,25 @@ def _billing_changes(
     ]
 
 
+TERMINAL_ORDER = {"run.completed": 0, "run.cancelled": 1, "run.failed": 2}
+
+
+def ended_kind(events: Sequence[EventFact]) -> str:
+    """How the run ended, in the words ``apply_support`` needs (earliest terminal event)."""
+    terminal = sorted(
+        (e for e in events if e.type in TERMINAL_ORDER),
+        key=lambda e: (e.time, TERMINAL_ORDER[e.type], e.event_id),
+    )
+    if not terminal:
+        return "failed"  # abandoned
+    first = terminal[0]
+    if first.type == "run.completed":
+        return "completed"
+    if first.type == "run.cancelled" and first.data.get("by") == "user":
+        return "cancelled"
+    return "failed"
+
+
 def _comparable(decision: Decision) -> tuple[str, int, int, tuple[int, ...], tuple[str, ...]]:
     return (
         decision.outcome,
@@ -197,6 +233,7 @@ def _record(
     statement: str,
     usage: repo.UsageSummary,
     auto_credit: int,
+    origin: str,
 ) -> repo.DecisionRecord:
     # A held run is not billed: its ledger position goes (or stays) at nothing posted.
     held = decision.outcome == HELD_FOR_REVIEW
@@ -205,7 +242,7 @@ def _record(
         version=run.decision_version + 1,
         tenant_id=run.tenant_id,
         customer_id=run.customer_id,
-        origin="policy",
+        origin=origin,
         outcome=decision.outcome,
         status=decision.status,
         gross_micros=decision.gross_micros,

@@ -1,0 +1,1 @@
+"""Support use cases: disputes, credits, releasing held runs, and the audit log."""
