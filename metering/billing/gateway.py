@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from enum import Enum
 from typing import Any
 
+import requests
 import stripe
 
 from metering.config import Settings
@@ -52,11 +53,17 @@ def build_client(settings: Settings) -> stripe.StripeClient:
     addresses: dict[str, str] = {}
     if base:
         addresses = {"api": base, "meter_events": base, "files": base, "connect": base}
+    # A session that skips proxy-environment lookups on every call (they cost about half of
+    # the SDK's CPU per request); explicit connect and read timeouts.
+    session = requests.Session()
+    session.trust_env = False
     return stripe.StripeClient(
         settings.stripe_api_key or "sk_test_emulator",
         base_addresses=addresses or None,  # type: ignore[arg-type]
         max_network_retries=settings.stripe_max_network_retries,
-        http_client=stripe.RequestsClient(timeout=(3.0, settings.stripe_timeout_s)),
+        http_client=stripe.RequestsClient(
+            timeout=(3.0, settings.stripe_timeout_s), session=session
+        ),
     )
 
 

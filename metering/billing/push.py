@@ -76,7 +76,11 @@ class Pusher:
         settings = self._settings
         if not self._meter_ready:
             # Stripe refuses meter events for an event name without a meter: create it once.
-            self._gateway().meter_id(create=True)
+            try:
+                self._gateway().meter_id(create=True)
+            except Exception as exc:  # Stripe unreachable: nothing can be sent this round
+                log.warning("stripe meter setup failed; will retry", extra={"error": str(exc)})
+                return PushReport(errors=[f"{type(exc).__name__}: {exc}"])
             self._meter_ready = True
         with raw_transaction(self._engine) as conn:
             items = outbox.claim(
