@@ -53,6 +53,8 @@ class Settings(BaseSettings):
     stripe_backoff_base_s: float = 2.0
     stripe_backoff_max_s: float = 300.0
     stripe_push_interval_s: float = 2.0
+    # Retries of one call inside a push round before the row waits for next_attempt_at.
+    stripe_quick_retries: int = 2
     stripe_drift_interval_s: float = 3600.0
 
     # Secrets. The pepper turns a stolen key table into useless HMACs.

@@ -50,7 +50,7 @@ def push_stripe_outbox() -> int:
 
 @app.task(name="fairmeter.handle_stripe_webhooks")
 def handle_stripe_webhooks() -> int:
-    return billing.handle_webhooks(engine())
+    return billing.handle_webhooks(engine(), settings())
 
 
 @app.task(name="fairmeter.check_stripe_drift")

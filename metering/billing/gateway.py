@@ -117,6 +117,12 @@ class StripeGateway:
             options={"idempotency_key": key},
         )
 
+    def fetch_event(self, event_id: str) -> dict[str, Any]:
+        """The full payload of a thin event (its notification carries no data)."""
+        event = self._client.v2.core.events.retrieve(event_id)
+        payload: dict[str, Any] = event.to_dict()
+        return payload
+
     def meter_id(self, create: bool = False) -> str:
         """The id of the meter for our event name (created on demand when ``create``)."""
         for meter in self._client.v1.billing.meters.list(params={"limit": 100}).auto_paging_iter():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -151,17 +152,24 @@ class Pusher:
     ) -> bool:
         key = f"fairmeter:{item.id}:{index}:{step.identifier}"
         note = None
-        try:
-            received_at, note = self._call(item, step, key)
-            report.add(calls=1)
-        except Exception as exc:  # classified: every SDK error maps to a verdict
-            verdict = classify(exc)
-            if verdict is Verdict.DELIVERED:
-                # Stripe had it already; treat it as old so it is never cancelled later.
-                received_at = self._clock() - timedelta(days=2)
-                note = "duplicate identifier: already delivered"
-            else:
-                return self._failed(item, exc, verdict, report)
+        for quick_retry in range(self._settings.stripe_quick_retries + 1):
+            try:
+                received_at, note = self._call(item, step, key)
+                report.add(calls=1)
+                break
+            except Exception as exc:  # classified: every SDK error maps to a verdict
+                verdict = classify(exc)
+                if verdict is Verdict.DELIVERED:
+                    # Stripe had it already; treat it as old so it is never cancelled later.
+                    received_at = self._clock() - timedelta(days=2)
+                    note = "duplicate identifier: already delivered"
+                    break
+                if verdict is Verdict.DEAD or quick_retry == self._settings.stripe_quick_retries:
+                    return self._failed(item, exc, verdict, report)
+                # A blip: retry this call shortly, in place (same key, same parameters);
+                # longer outages go through next_attempt_at instead.
+                report.add(retried=1)
+                time.sleep(backoff(quick_retry, self._settings, self._rng).total_seconds())
         with raw_transaction(self._engine) as conn:
             outbox.record_step(conn, item, index, step, received_at, note, last, self._clock())
         return True

@@ -34,9 +34,17 @@ def link_customer(engine: Engine, tenant: str, customer: str, stripe_id: str) ->
         return released
 
 
-def handle_webhooks(engine: Engine) -> int:
+def handle_webhooks(engine: Engine, settings: Settings) -> int:
+    """Handle the inbox: one transaction per event, Stripe fetches outside transactions."""
     with raw_transaction(engine) as conn:
-        return webhooks.handle_pending(conn)
+        waiting = webhooks.pending(conn)
+    handled = 0
+    for event_id, type_, payload in waiting:
+        if webhooks.needs_fetch(type_, payload):
+            payload = StripeGateway(settings).fetch_event(event_id)
+        with raw_transaction(engine) as conn:
+            handled += webhooks.handle_one(conn, event_id, payload)
+    return handled
 
 
 def drift(

@@ -20,13 +20,19 @@ def verify(payload: bytes, signature: str | None, secret: str, tolerance_s: int)
     """The event, if the signature is Stripe's for this payload and fresh; else a 400."""
     if not signature:
         raise bad_request("the Stripe-Signature header is missing", code="signature_missing")
+    text = payload.decode("utf-8", errors="replace")
     try:
-        stripe.Webhook.construct_event(payload, signature, secret, tolerance=tolerance_s)
+        # The SDK's own check (the one Webhook.construct_event runs); it also accepts thin
+        # event notifications, which construct_event refuses by design.
+        stripe.WebhookSignature.verify_header(text, signature, secret, tolerance_s)
     except stripe.SignatureVerificationError:
         raise bad_request("the webhook signature is not valid", code="signature_invalid") from None
+    try:
+        event: dict[str, Any] = json.loads(text)
     except ValueError:
         raise bad_request("the webhook body is not JSON", code="malformed_json") from None
-    event: dict[str, Any] = json.loads(payload)
+    if not isinstance(event, dict):
+        raise bad_request("the webhook body is not an event", code="invalid_event")
     if not isinstance(event.get("id"), str) or not isinstance(event.get("type"), str):
         raise bad_request("the event has no id or type", code="invalid_event")
     return event
@@ -42,26 +48,45 @@ def store(conn: psycopg.Connection[Any], event: dict[str, Any]) -> bool:
     return result.rowcount == 1
 
 
-def handle_pending(conn: psycopg.Connection[Any], limit: int = 100) -> int:
-    """Handle unhandled inbox events (oldest first), each exactly once."""
+METER_ERROR_REPORT = "v1.billing.meter.error_report_triggered"
+
+
+def pending(conn: psycopg.Connection[Any], limit: int = 100) -> list[tuple[str, str, Any]]:
+    """Unhandled inbox events, oldest first: (event id, type, payload)."""
     rows = conn.execute(
         "SELECT event_id, type, payload FROM stripe_webhook_inbox WHERE handled_at IS NULL "
-        "ORDER BY received_at LIMIT %s FOR UPDATE SKIP LOCKED",
+        "ORDER BY received_at LIMIT %s",
         (limit,),
     ).fetchall()
-    for event_id, type_, payload in rows:
-        error = None
-        if type_ == "invoice.finalized":
-            _close_period(conn, payload["data"]["object"])
-        elif type_ == "v1.billing.meter.error_report_triggered":
-            _mark_meter_errors(conn, payload)
-        else:
-            error = "ignored: no handler for this type"
-        conn.execute(
-            "UPDATE stripe_webhook_inbox SET handled_at = %s, error = %s WHERE event_id = %s",
-            (datetime.now(UTC), error, event_id),
-        )
-    return len(rows)
+    return [(r[0], r[1], r[2]) for r in rows]
+
+
+def needs_fetch(type_: str, payload: dict[str, Any]) -> bool:
+    """Thin events (the meter error report) carry no data: it is fetched from Stripe."""
+    return type_ == METER_ERROR_REPORT and not payload.get("data")
+
+
+def handle_one(conn: psycopg.Connection[Any], event_id: str, payload: dict[str, Any]) -> bool:
+    """Handle one inbox event exactly once (a concurrent handler skips it); False if taken."""
+    row = conn.execute(
+        "SELECT type FROM stripe_webhook_inbox WHERE event_id = %s AND handled_at IS NULL "
+        "FOR UPDATE SKIP LOCKED",
+        (event_id,),
+    ).fetchone()
+    if row is None:
+        return False
+    error = None
+    if row[0] == "invoice.finalized":
+        _close_period(conn, payload["data"]["object"])
+    elif row[0] == METER_ERROR_REPORT:
+        _mark_meter_errors(conn, payload)
+    else:
+        error = "ignored: no handler for this type"
+    conn.execute(
+        "UPDATE stripe_webhook_inbox SET handled_at = %s, error = %s WHERE event_id = %s",
+        (datetime.now(UTC), error, event_id),
+    )
+    return True
 
 
 def _close_period(conn: psycopg.Connection[Any], invoice: dict[str, Any]) -> None:

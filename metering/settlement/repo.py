@@ -277,6 +277,15 @@ def insert_decisions(conn: psycopg.Connection[Any], records: Sequence[DecisionRe
             )
 
 
+def as_json(records: Sequence[Any]) -> str:
+    """Dataclass records as one JSON array of objects, for ``json_to_recordset``.
+
+    One text parameter per statement instead of an array per column: psycopg builds array
+    parameters element by element in Python, msgspec encodes the whole chunk in C.
+    """
+    return msgspec.json.encode(records).decode()
+
+
 def insert_entries(conn: psycopg.Connection[Any], entries: Sequence[EntryRecord]) -> None:
     if not entries:
         return
@@ -284,19 +293,12 @@ def insert_entries(conn: psycopg.Connection[Any], entries: Sequence[EntryRecord]
         """
         INSERT INTO ledger_entries (tenant_id, customer_id, run_id, kind, amount_micros,
                                     decision_version, corrects)
-        SELECT * FROM unnest(%(tenants)s::text[], %(customers)s::text[], %(runs)s::bigint[],
-                             %(kinds)s::text[], %(amounts)s::bigint[], %(versions)s::int[],
-                             %(corrects)s::text[])
+        SELECT tenant_id, customer_id, run_id, kind, amount_micros, decision_version, corrects
+        FROM json_to_recordset(%(entries)s::json)
+             AS e(tenant_id text, customer_id text, run_id bigint, kind text,
+                  amount_micros bigint, decision_version int, corrects text)
         """,
-        {
-            "tenants": [e.tenant_id for e in entries],
-            "customers": [e.customer_id for e in entries],
-            "runs": [e.run_id for e in entries],
-            "kinds": [e.kind for e in entries],
-            "amounts": [e.amount_micros for e in entries],
-            "versions": [e.decision_version for e in entries],
-            "corrects": [e.corrects for e in entries],
-        },
+        {"entries": as_json(entries)},
     )
 
 
@@ -310,30 +312,20 @@ def mark_settled(
         conn.execute(
             """
             UPDATE runs SET decision_version = d.version, outcome = d.outcome, status = d.status,
-                   period = d.period, ended_at = d.ended_at, billed_micros = d.billed,
-                   credited_micros = d.credited, auto_credited_micros = d.auto_credited,
+                   period = d.period, ended_at = d.ended_at,
+                   billed_micros = d.position_billed_micros,
+                   credited_micros = d.position_credited_micros,
+                   auto_credited_micros = d.auto_credited_micros,
                    settled_evidence_version = d.evidence_version, claimed_until = NULL,
                    settle_attempts = 0
-            FROM unnest(%(ids)s::bigint[], %(versions)s::int[], %(outcomes)s::text[],
-                        %(statuses)s::text[], %(periods)s::text[], %(ended)s::timestamptz[],
-                        %(billed)s::bigint[], %(credited)s::bigint[], %(auto)s::bigint[],
-                        %(evidence)s::int[])
-                 AS d(id, version, outcome, status, period, ended_at, billed, credited,
-                      auto_credited, evidence_version)
-            WHERE runs.id = d.id
+            FROM json_to_recordset(%(decided)s::json)
+                 AS d(run_id bigint, version int, outcome text, status text, period text,
+                      ended_at timestamptz, position_billed_micros bigint,
+                      position_credited_micros bigint, auto_credited_micros bigint,
+                      evidence_version int)
+            WHERE runs.id = d.run_id
             """,
-            {
-                "ids": [d.run_id for d in decided],
-                "versions": [d.version for d in decided],
-                "outcomes": [d.outcome for d in decided],
-                "statuses": [d.status for d in decided],
-                "periods": [d.period for d in decided],
-                "ended": [d.ended_at for d in decided],
-                "billed": [d.position_billed_micros for d in decided],
-                "credited": [d.position_credited_micros for d in decided],
-                "auto": [d.auto_credited_micros for d in decided],
-                "evidence": [d.evidence_version for d in decided],
-            },
+            {"decided": as_json(decided)},
         )
     if unchanged:
         conn.execute(

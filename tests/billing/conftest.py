@@ -38,7 +38,8 @@ def stripe_settings(settings: Settings, emulator: EmulatorServer) -> Settings:
     """Retries are ours (SDK retries off), fast backoff, short timeouts and leases."""
     return settings.model_copy(update={
         "stripe_api_base": emulator.url, "stripe_max_network_retries": 0,
-        "stripe_timeout_s": 0.5, "stripe_backoff_base_s": 0.01, "stripe_backoff_max_s": 0.05,
+        "stripe_timeout_s": 0.3, "stripe_backoff_base_s": 0.01, "stripe_backoff_max_s": 0.05,
+        "stripe_push_threads": 20,
         "stripe_push_lease_s": 2, "stripe_webhook_secret": "whsec_test",
     })  # fmt: skip
 
@@ -93,3 +94,27 @@ def settled_runs(engine: Any, settings: Settings, runs: int, customers: int,
     if batch:
         ingest(engine, settings, batch)
     settle_due_now(engine, settings, now=datetime.now(UTC))
+
+
+@pytest.fixture
+def webhook_api(settings: Settings, stripe_settings: Settings) -> Iterator[str]:
+    """The real API in its own process, with the webhook signing secret configured."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, free_port, service_env, wait_http
+
+    port = free_port()
+    env = service_env(settings) | {
+        "FAIRMETER_STRIPE_WEBHOOK_SECRET": str(stripe_settings.stripe_webhook_secret),
+        "FAIRMETER_STRIPE_API_BASE": str(stripe_settings.stripe_api_base),
+    }
+    proc = subprocess.Popen([sys.executable, "-m", "api.cli", "serve", "--port", str(port)],
+                            cwd=ROOT, env=env)  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{base}/healthz")
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)

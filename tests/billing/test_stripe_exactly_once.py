@@ -44,7 +44,7 @@ def test_2000_runs_arrive_exactly_once_through_30_percent_faults(
     assert waiting.fetchone()[0] > 0  # no Stripe ids yet: rows wait, visibly
     for i in range(CUSTOMERS):
         link(f"cust-{i}")
-    control.settings(timeout_s=0.8)
+    control.settings(timeout_s=0.4)
     control.inject_faults(rate=0.3, kinds=["429", "500", "timeout", "drop_after_commit"], seed=7)
     reports = drain(Pusher(engine, stripe_settings), engine, deadline_s=240)
     control.clear_faults()
@@ -87,7 +87,8 @@ def test_pusher_killed_mid_push_then_restarted_sends_exactly_once(
     sent_before = len(control.state()["meter_events"])
     with raw_transaction(engine) as conn:
         (pending,) = conn.execute(
-            "SELECT count(*) FROM stripe_outbox WHERE status = 'pending'").fetchone()
+            "SELECT count(*) FROM stripe_outbox WHERE status = 'pending'"
+        ).fetchone()
     assert pending > 0 and sent_before < 300
     control.clear_faults()
     time.sleep(2.1)  # the dead pusher's claims expire
