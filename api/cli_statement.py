@@ -24,8 +24,13 @@ from metering.statements.service import build_query, statement_page
 @click.option("--customer", required=True)
 @click.option("--period", default="current", help="YYYY-MM or 'current'.")
 @click.option("--csv", "as_csv", is_flag=True, help="Write CSV (all lines) to stdout.")
-@click.option("--html", "html_file", type=click.Path(dir_okay=False, path_type=Path),
-              default=None, help="Write the HTML page to this file.")  # fmt: skip
+@click.option(
+    "--html",
+    "html_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the HTML page to this file.",
+)
 def statement(
     tenant: str, customer: str, period: str, as_csv: bool, html_file: Path | None
 ) -> None:
@@ -36,8 +41,14 @@ def statement(
     now = datetime.now(UTC)
     statement_query = build_query(operator, customer, period, now=now)
     with raw_transaction(engine) as conn:
-        page = statement_page(conn, operator, statement_query, now=now,
-                              close_delay_s=settings.period_close_delay_s, limit=1000)  # fmt: skip
+        page = statement_page(
+            conn,
+            operator,
+            statement_query,
+            now=now,
+            close_delay_s=settings.period_close_delay_s,
+            limit=1000,
+        )
         if as_csv:
             for chunk in csv_chunks(query.stream(conn, statement_query)):
                 sys.stdout.buffer.write(chunk)
@@ -46,8 +57,11 @@ def statement(
             from api.statements import TEMPLATES
 
             days = query.daily(conn, statement_query)
-            html_file.write_text(TEMPLATES.get_template("statement.html").render(
-                page=page, chart=daily_chart_svg(page.period, days), usd=format_usd))  # fmt: skip
+            html_file.write_text(
+                TEMPLATES.get_template("statement.html").render(
+                    page=page, chart=daily_chart_svg(page.period, days), usd=format_usd
+                )
+            )
             click.echo(f"wrote {html_file}")
             return
     body = {

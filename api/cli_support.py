@@ -75,7 +75,13 @@ def credit(
         operator = _operator(tenant)
         run_id = find_run_id(conn, operator, run)
         granted, version = service.grant_credit(
-            conn, operator, run_id, service.Credit(full, micros, percent), reason=reason,
-            settings=settings, now=datetime.now(UTC), action="run.credit",
-        )  # fmt: skip
+            conn,
+            operator,
+            run_id,
+            service.Credit(full, micros, percent),
+            reason=reason,
+            settings=settings,
+            now=datetime.now(UTC),
+            action="run.credit",
+        )
     click.echo(f"credited {format_usd(granted)} USD to {run} (decision version {version})")

@@ -81,10 +81,16 @@ async def search_runs(
     def work(services: Services, principal: Principal) -> list[timeline.RunSummary]:
         with raw_transaction(services.engine) as conn:
             return timeline.search_runs(
-                conn, principal, customer=customer, outcome=outcome,
-                ended_from=_midnight(ended_from), ended_to=_midnight(ended_to), queue=queue,
-                text=q, limit=max(1, min(limit, 500)),
-            )  # fmt: skip
+                conn,
+                principal,
+                customer=customer,
+                outcome=outcome,
+                ended_from=_midnight(ended_from),
+                ended_to=_midnight(ended_to),
+                queue=queue,
+                text=q,
+                limit=max(1, min(limit, 500)),
+            )
 
     return await _in_thread(request, state, work)
 
@@ -128,8 +134,12 @@ def _run_of_dispute(services: Services, principal: Principal, dispute_id: int) -
         return run_reply(get_run_view(conn, principal, subject))
 
 
-@post("/v1/support/disputes/{dispute_id:int}/approve", status_code=200, tags=["support"],
-      summary="Approve a dispute with a full or partial credit")  # fmt: skip
+@post(
+    "/v1/support/disputes/{dispute_id:int}/approve",
+    status_code=200,
+    tags=["support"],
+    summary="Approve a dispute with a full or partial credit",
+)
 async def approve_dispute(
     request: Request[Any, Any, Any], dispute_id: FromPath[int], data: CreditRequest, state: State
 ) -> RunReply:
@@ -149,8 +159,12 @@ async def approve_dispute(
     return await _in_thread(request, state, work)
 
 
-@post("/v1/support/disputes/{dispute_id:int}/reject", status_code=200, tags=["support"],
-      summary="Reject a dispute with a reason the customer will see")  # fmt: skip
+@post(
+    "/v1/support/disputes/{dispute_id:int}/reject",
+    status_code=200,
+    tags=["support"],
+    summary="Reject a dispute with a reason the customer will see",
+)
 async def reject_dispute(
     request: Request[Any, Any, Any], dispute_id: FromPath[int], data: ReasonRequest, state: State
 ) -> RunReply:
@@ -162,8 +176,12 @@ async def reject_dispute(
     return await _in_thread(request, state, work)
 
 
-@post("/v1/support/runs/{run:str}/credit", status_code=200, tags=["support"],
-      summary="Credit a run directly (also releases a hold)")  # fmt: skip
+@post(
+    "/v1/support/runs/{run:str}/credit",
+    status_code=200,
+    tags=["support"],
+    summary="Credit a run directly (also releases a hold)",
+)
 async def credit_run(
     request: Request[Any, Any, Any], run: FromPath[str], data: CreditRequest, state: State
 ) -> RunReply:
@@ -185,8 +203,12 @@ async def credit_run(
     return await _in_thread(request, state, work)
 
 
-@post("/v1/support/runs/{run:str}/release", status_code=200, tags=["support"],
-      summary="Bill a held run as the policy proposed")  # fmt: skip
+@post(
+    "/v1/support/runs/{run:str}/release",
+    status_code=200,
+    tags=["support"],
+    summary="Bill a held run as the policy proposed",
+)
 async def release_run(
     request: Request[Any, Any, Any], run: FromPath[str], data: ReasonRequest, state: State
 ) -> RunReply:
@@ -212,6 +234,13 @@ async def audit_log(
 
 
 SUPPORT_HANDLERS = [
-    search_runs, run_timeline, open_dispute, list_disputes, approve_dispute, reject_dispute,
-    credit_run, release_run, audit_log,
-]  # fmt: skip
+    search_runs,
+    run_timeline,
+    open_dispute,
+    list_disputes,
+    approve_dispute,
+    reject_dispute,
+    credit_run,
+    release_run,
+    audit_log,
+]

@@ -26,10 +26,18 @@ def record(
     conn.execute(
         "INSERT INTO audit_log (tenant_id, actor, actor_scope, action, target_type, target_id, "
         "reason, before, after) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-        (principal.tenant_id, principal.key_id, principal.scope.value, action, target_type,
-         target_id, reason, Jsonb(before) if before is not None else None,
-         Jsonb(after) if after is not None else None),
-    )  # fmt: skip
+        (
+            principal.tenant_id,
+            principal.key_id,
+            principal.scope.value,
+            action,
+            target_type,
+            target_id,
+            reason,
+            Jsonb(before) if before is not None else None,
+            Jsonb(after) if after is not None else None,
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -72,8 +72,11 @@ class RunMoney:
     held: bool
 
     def as_audit(self) -> dict[str, Any]:
-        return {"outcome": self.outcome, "billed_micros": self.billed_micros,
-                "credited_micros": self.credited_micros}  # fmt: skip
+        return {
+            "outcome": self.outcome,
+            "billed_micros": self.billed_micros,
+            "credited_micros": self.credited_micros,
+        }
 
 
 def run_money(conn: psycopg.Connection[Any], run_id: int) -> RunMoney:
@@ -99,8 +102,10 @@ def _check_limit(principal: Principal, credit_micros: int, settings: Settings) -
     if principal.scope is Scope.SUPPORT and credit_micros > settings.support_credit_limit_micros:
         raise MeteringError(
             f"credits above {settings.support_credit_limit_micros} micro-USD need an admin",
-            code="credit_above_limit", status=403, title="Forbidden",
-        )  # fmt: skip
+            code="credit_above_limit",
+            status=403,
+            title="Forbidden",
+        )
 
 
 def open_dispute(
@@ -115,16 +120,25 @@ def open_dispute(
         "SELECT id FROM disputes WHERE run_id = %s AND status = 'open'", (run_id,)
     ).fetchone()
     if open_already:
-        raise conflict("this run already has an open dispute", code="dispute_open",
-                       dispute_id=open_already[0])  # fmt: skip
+        raise conflict(
+            "this run already has an open dispute", code="dispute_open", dispute_id=open_already[0]
+        )
     row = conn.execute(
         "INSERT INTO disputes (tenant_id, customer_id, run_id, status, claim, opened_by) "
         "VALUES (%s, %s, %s, 'open', %s, %s) RETURNING id",
         (principal.tenant_id, money.customer_id, run_id, claim, principal.key_id),
     ).fetchone()
     assert row is not None
-    audit.record(conn, principal, action="dispute.open", target_type="run", target_id=subject,
-                 reason=claim, before=money.as_audit(), after={"dispute_id": row[0]})  # fmt: skip
+    audit.record(
+        conn,
+        principal,
+        action="dispute.open",
+        target_type="run",
+        target_id=subject,
+        reason=claim,
+        before=money.as_audit(),
+        after={"dispute_id": row[0]},
+    )
     return int(row[0])
 
 
@@ -165,9 +179,16 @@ def grant_credit(
     )
     report = settle_runs(conn, [run_id], now=now, settings=settings, origin="support")
     after = run_money(conn, run_id)
-    audit.record(conn, principal, action=action, target_type="run", target_id=before.subject,
-                 reason=reason, before=before.as_audit(),
-                 after=after.as_audit() | {"credit_micros": micros})  # fmt: skip
+    audit.record(
+        conn,
+        principal,
+        action=action,
+        target_type="run",
+        target_id=before.subject,
+        reason=reason,
+        before=before.as_audit(),
+        after=after.as_audit() | {"credit_micros": micros},
+    )
     return micros, report.decided.get(run_id)
 
 
@@ -184,9 +205,15 @@ def approve_dispute(
     _require_support(principal)
     _, run_id, _ = _dispute(conn, principal, dispute_id)
     micros, version = grant_credit(
-        conn, principal, run_id, credit, reason=reason, settings=settings, now=now,
+        conn,
+        principal,
+        run_id,
+        credit,
+        reason=reason,
+        settings=settings,
+        now=now,
         action="dispute.approve",
-    )  # fmt: skip
+    )
     conn.execute(
         "UPDATE disputes SET status = 'approved', resolved_by = %s, resolved_at = %s, "
         "resolution_reason = %s, credit_micros = %s, decision_version = %s WHERE id = %s",
@@ -195,9 +222,13 @@ def approve_dispute(
 
 
 def reject_dispute(
-    conn: psycopg.Connection[Any], principal: Principal, dispute_id: int, *, reason: str,
+    conn: psycopg.Connection[Any],
+    principal: Principal,
+    dispute_id: int,
+    *,
+    reason: str,
     now: datetime,
-) -> None:  # fmt: skip
+) -> None:
     """Rejecting changes no money; the reason is what the customer will see."""
     _require_support(principal)
     if not reason.strip():
@@ -209,15 +240,27 @@ def reject_dispute(
         "resolution_reason = %s WHERE id = %s",
         (principal.key_id, now, reason, dispute_id),
     )
-    audit.record(conn, principal, action="dispute.reject", target_type="run",
-                 target_id=money.subject, reason=reason, before=money.as_audit(),
-                 after=money.as_audit())  # fmt: skip
+    audit.record(
+        conn,
+        principal,
+        action="dispute.reject",
+        target_type="run",
+        target_id=money.subject,
+        reason=reason,
+        before=money.as_audit(),
+        after=money.as_audit(),
+    )
 
 
 def release_hold(
-    conn: psycopg.Connection[Any], principal: Principal, subject: str, *, reason: str,
-    settings: Settings, now: datetime,
-) -> int | None:  # fmt: skip
+    conn: psycopg.Connection[Any],
+    principal: Principal,
+    subject: str,
+    *,
+    reason: str,
+    settings: Settings,
+    now: datetime,
+) -> int | None:
     """Bill a held run as the policy proposed (its R1–R3 credits stay)."""
     _require_support(principal)
     run_id = find_run_id(conn, principal, subject)
@@ -226,9 +269,16 @@ def release_hold(
         raise conflict("the run is not held for review", code="run_not_held")
     conn.execute("UPDATE runs SET support_released = true WHERE id = %s", (run_id,))
     report = settle_runs(conn, [run_id], now=now, settings=settings, origin="support")
-    audit.record(conn, principal, action="run.release", target_type="run", target_id=subject,
-                 reason=reason, before=before.as_audit(),
-                 after=run_money(conn, run_id).as_audit())  # fmt: skip
+    audit.record(
+        conn,
+        principal,
+        action="run.release",
+        target_type="run",
+        target_id=subject,
+        reason=reason,
+        before=before.as_audit(),
+        after=run_money(conn, run_id).as_audit(),
+    )
     return report.decided.get(run_id)
 
 

@@ -198,8 +198,15 @@ def search_runs(
         ORDER BY r.last_event_at DESC, r.id DESC
         LIMIT %(limit)s
         """,
-        {"tenant": principal.tenant_id, "customer": customer, "outcome": outcome,
-         "from": ended_from, "to": ended_to, "queue": queue, "text": text or None,
-         "limit": limit},
-    ).fetchall()  # fmt: skip
+        {
+            "tenant": principal.tenant_id,
+            "customer": customer,
+            "outcome": outcome,
+            "from": ended_from,
+            "to": ended_to,
+            "queue": queue,
+            "text": text or None,
+            "limit": limit,
+        },
+    ).fetchall()
     return [RunSummary(*row) for row in rows]

@@ -13,22 +13,52 @@ from metering.money import format_usd
 from metering.statements.query import StatementLine
 
 CSV_HEADER = [
-    "kind", "run", "version", "started_at", "ended_at", "models", "input_tokens",
-    "cached_input_tokens", "output_tokens", "gross_micros", "billed_micros", "credited_micros",
-    "gross_usd", "billed_usd", "credited_usd", "outcome", "status", "explanation",
-    "corrects_period", "stripe",
-]  # fmt: skip
+    "kind",
+    "run",
+    "version",
+    "started_at",
+    "ended_at",
+    "models",
+    "input_tokens",
+    "cached_input_tokens",
+    "output_tokens",
+    "gross_micros",
+    "billed_micros",
+    "credited_micros",
+    "gross_usd",
+    "billed_usd",
+    "credited_usd",
+    "outcome",
+    "status",
+    "explanation",
+    "corrects_period",
+    "stripe",
+]
 
 
 def csv_row(line: StatementLine) -> list[str]:
     return [
-        line.kind, line.run, str(line.version), line.started_at.isoformat(),
-        line.ended_at.isoformat(), ";".join(line.models), str(line.input_tokens),
-        str(line.cached_input_tokens), str(line.output_tokens), str(line.gross_micros),
-        str(line.billed_micros), str(line.credited_micros), format_usd(line.gross_micros),
-        format_usd(line.billed_micros), format_usd(line.credited_micros), line.outcome,
-        line.status, line.explanation, line.corrects_period or "", line.stripe,
-    ]  # fmt: skip
+        line.kind,
+        line.run,
+        str(line.version),
+        line.started_at.isoformat(),
+        line.ended_at.isoformat(),
+        ";".join(line.models),
+        str(line.input_tokens),
+        str(line.cached_input_tokens),
+        str(line.output_tokens),
+        str(line.gross_micros),
+        str(line.billed_micros),
+        str(line.credited_micros),
+        format_usd(line.gross_micros),
+        format_usd(line.billed_micros),
+        format_usd(line.credited_micros),
+        line.outcome,
+        line.status,
+        line.explanation,
+        line.corrects_period or "",
+        line.stripe,
+    ]
 
 
 def csv_chunks(lines: Iterable[StatementLine], rows_per_chunk: int = 500) -> Iterator[bytes]:

@@ -41,10 +41,12 @@ def month(engine, settings, db) -> dict[str, str]:
     return expected
 
 
-def statement(client: Any, key: str, customer: str = "cust-1", period: str = PERIOD,
-              **params: Any) -> Any:  # fmt: skip
-    return client.get(f"/v1/customers/{customer}/statements/{period}", params=params,
-                      headers=auth(key))  # fmt: skip
+def statement(
+    client: Any, key: str, customer: str = "cust-1", period: str = PERIOD, **params: Any
+) -> Any:
+    return client.get(
+        f"/v1/customers/{customer}/statements/{period}", params=params, headers=auth(key)
+    )
 
 
 def ledger_sums(db: Any, customer: str, period: str) -> tuple[int, int]:
@@ -79,10 +81,12 @@ def test_totals_equal_ledger_sums_and_lines_match_decisions(client, make_key, db
     assert totals["gross_micros"] == billed + credited + totals["held_micros"]
     assert totals["runs"] == 10
     assert totals["runs_restored"] == sum(1 for o in month.values() if o == "refunded")
-    decisions = dict(db.execute(
-        "SELECT r.subject, d.status || '|' || d.explanation FROM decisions d "
-        "JOIN runs r ON r.id = d.run_id WHERE d.customer_id = 'cust-1'"
-    ).fetchall())  # fmt: skip
+    decisions = dict(
+        db.execute(
+            "SELECT r.subject, d.status || '|' || d.explanation FROM decisions d "
+            "JOIN runs r ON r.id = d.run_id WHERE d.customer_id = 'cust-1'"
+        ).fetchall()
+    )
     for run, line in lines.items():
         assert f"{line['status']}|{line['explanation']}" == decisions[run]
         assert line["gross_micros"] > 0 and line["models"] == ["agent-small-1"]
@@ -103,8 +107,9 @@ def test_csv_and_json_agree_line_by_line(client, make_key, month):
         for field in ("gross_micros", "billed_micros", "credited_micros", "input_tokens"):
             assert int(row[field]) == line[field]
         assert row["status"] == line["status"] and row["outcome"] == line["outcome"]
-    by_accept = client.get(f"/v1/customers/cust-1/statements/{PERIOD}",
-                           headers=auth(key, accept="text/csv"))  # fmt: skip
+    by_accept = client.get(
+        f"/v1/customers/cust-1/statements/{PERIOD}", headers=auth(key, accept="text/csv")
+    )
     assert by_accept.text == reply.text
 
 
@@ -185,8 +190,10 @@ def test_statement_shows_stripe_state(client, make_key, db, month):
 
 
 def test_html_page_has_totals_chart_and_marked_runs(client, make_key, month):
-    reply = client.get(f"/v1/customers/cust-1/statements/{PERIOD}.html",
-                       headers=auth(make_key(scope="customer", customer="cust-1")))  # fmt: skip
+    reply = client.get(
+        f"/v1/customers/cust-1/statements/{PERIOD}.html",
+        headers=auth(make_key(scope="customer", customer="cust-1")),
+    )
     assert reply.status_code == 200
     assert reply.headers["content-type"].startswith("text/html")
     html = reply.text
@@ -208,16 +215,45 @@ def test_cli_prints_the_statement(month, settings):
     from tests.conftest import ROOT, service_env
 
     done = subprocess.run(
-        [sys.executable, "-m", "api.cli", "statement", "--tenant", "acme", "--customer", "cust-1",
-         "--period", PERIOD],
-        cwd=ROOT, env=service_env(settings), capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "api.cli",
+            "statement",
+            "--tenant",
+            "acme",
+            "--customer",
+            "cust-1",
+            "--period",
+            PERIOD,
+        ],
+        cwd=ROOT,
+        env=service_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     body = json.loads(done.stdout)
     assert body["totals"]["runs"] == 10 and len(body["lines"]) == 10
     as_csv = subprocess.run(
-        [sys.executable, "-m", "api.cli", "statement", "--tenant", "acme", "--customer", "cust-1",
-         "--period", PERIOD, "--csv"],
-        cwd=ROOT, env=service_env(settings), capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "api.cli",
+            "statement",
+            "--tenant",
+            "acme",
+            "--customer",
+            "cust-1",
+            "--period",
+            PERIOD,
+            "--csv",
+        ],
+        cwd=ROOT,
+        env=service_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert as_csv.returncode == 0 and len(as_csv.stdout.strip().splitlines()) == 11

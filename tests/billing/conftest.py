@@ -36,19 +36,26 @@ def control(emulator: EmulatorServer) -> EmulatorControl:
 @pytest.fixture
 def stripe_settings(settings: Settings, emulator: EmulatorServer) -> Settings:
     """Retries are ours (SDK retries off), fast backoff, short timeouts and leases."""
-    return settings.model_copy(update={
-        "stripe_api_base": emulator.url, "stripe_max_network_retries": 0,
-        "stripe_timeout_s": 0.3, "stripe_backoff_base_s": 0.01, "stripe_backoff_max_s": 0.05,
-        "stripe_push_threads": 20,
-        "stripe_push_lease_s": 2, "stripe_webhook_secret": "whsec_test",
-    })  # fmt: skip
+    return settings.model_copy(
+        update={
+            "stripe_api_base": emulator.url,
+            "stripe_max_network_retries": 0,
+            "stripe_timeout_s": 0.3,
+            "stripe_backoff_base_s": 0.01,
+            "stripe_backoff_max_s": 0.05,
+            "stripe_push_threads": 20,
+            "stripe_push_lease_s": 2,
+            "stripe_webhook_secret": "whsec_test",
+        }
+    )
 
 
 @pytest.fixture
 def sdk(emulator: EmulatorServer) -> stripe.StripeClient:
     url = emulator.url
-    return stripe.StripeClient("sk_test_x", base_addresses={"api": url, "meter_events": url},
-                               max_network_retries=3)  # fmt: skip
+    return stripe.StripeClient(
+        "sk_test_x", base_addresses={"api": url, "meter_events": url}, max_network_retries=3
+    )
 
 
 @pytest.fixture
@@ -81,9 +88,14 @@ def drain(pusher: Pusher, engine: Any, deadline_s: float = 120) -> list[PushRepo
     raise TimeoutError("outbox still has pending rows")
 
 
-def settled_runs(engine: Any, settings: Settings, runs: int, customers: int,
-                 kinds: tuple[str, ...] = ("completed", "partial-delivery", "user-cancel"),
-                 start: datetime | None = None) -> None:  # fmt: skip
+def settled_runs(
+    engine: Any,
+    settings: Settings,
+    runs: int,
+    customers: int,
+    kinds: tuple[str, ...] = ("completed", "partial-delivery", "user-cancel"),
+    start: datetime | None = None,
+) -> None:
     start = start or datetime.now(UTC) - timedelta(hours=2)
     batch: list[dict[str, Any]] = []
     for i in range(runs):
@@ -109,8 +121,9 @@ def webhook_api(settings: Settings, stripe_settings: Settings) -> Iterator[str]:
         "FAIRMETER_STRIPE_WEBHOOK_SECRET": str(stripe_settings.stripe_webhook_secret),
         "FAIRMETER_STRIPE_API_BASE": str(stripe_settings.stripe_api_base),
     }
-    proc = subprocess.Popen([sys.executable, "-m", "api.cli", "serve", "--port", str(port)],
-                            cwd=ROOT, env=env)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "api.cli", "serve", "--port", str(port)], cwd=ROOT, env=env
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         wait_http(f"{base}/healthz")

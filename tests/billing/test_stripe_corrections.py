@@ -22,22 +22,49 @@ ADMIN = Principal(tenant_id="acme", scope=Scope.ADMIN, key_id="test-admin")
 
 def big_run(engine: Any, settings: Any, run: str, customer: str) -> None:
     """Two steps of 600,000 micros each (agent-large-1), completed: bills 1,200,000."""
-    ingest(engine, settings, [
-        usage(run=run, customer=customer, step=s, input_tokens=100_000, output_tokens=20_000,
-              time=START + timedelta(minutes=s)) for s in (1, 2)
-    ] + [event(run=run, customer=customer, type="run.completed", time=START + timedelta(minutes=3))])  # noqa: E501  # fmt: skip
+    ingest(
+        engine,
+        settings,
+        [
+            usage(
+                run=run,
+                customer=customer,
+                step=s,
+                input_tokens=100_000,
+                output_tokens=20_000,
+                time=START + timedelta(minutes=s),
+            )
+            for s in (1, 2)
+        ]
+        + [
+            event(
+                run=run, customer=customer, type="run.completed", time=START + timedelta(minutes=3)
+            )
+        ],
+    )
     settle_due_now(engine, settings, now=datetime.now(UTC))
 
 
 def credit(engine: Any, settings: Any, run: str, micros: int, now: datetime) -> None:
     with raw_transaction(engine) as conn:
-        grant_credit(conn, ADMIN, find_run_id(conn, ADMIN, run), Credit(amount_micros=micros),
-                     reason="correction test", settings=settings, now=now, action="run.credit")  # fmt: skip
+        grant_credit(
+            conn,
+            ADMIN,
+            find_run_id(conn, ADMIN, run),
+            Credit(amount_micros=micros),
+            reason="correction test",
+            settings=settings,
+            now=now,
+            action="run.credit",
+        )
 
 
 def events_of(control: Any, run_id: int) -> dict[str, dict[str, Any]]:
-    return {e["identifier"]: e for e in control.state()["meter_events"]
-            if e["identifier"].startswith(f"run:{run_id}:")}  # fmt: skip
+    return {
+        e["identifier"]: e
+        for e in control.state()["meter_events"]
+        if e["identifier"].startswith(f"run:{run_id}:")
+    }
 
 
 def customer_balance(control: Any, stripe_id: str) -> int:
@@ -49,8 +76,9 @@ def run_id_of(db: Any, run: str) -> int:
     return int(db.execute("SELECT id FROM runs WHERE subject = %s", (run,)).fetchone()[0])
 
 
-def test_cancel_and_resend_then_increase_then_balance_credit(engine, stripe_settings, db,
-                                                           control, link):  # fmt: skip
+def test_cancel_and_resend_then_increase_then_balance_credit(
+    engine, stripe_settings, db, control, link
+):
     big_run(engine, stripe_settings, "run-c", "cust-c")
     stripe_id = link("cust-c")
     rid = run_id_of(db, "run-c")
@@ -70,8 +98,20 @@ def test_cancel_and_resend_then_increase_then_balance_credit(engine, stripe_sett
     control.advance_clock(25 * 3600)
     later = datetime.now(UTC) + timedelta(hours=25)
     pusher = Pusher(engine, stripe_settings, clock=lambda: datetime.now(UTC) + timedelta(hours=25))
-    ingest(engine, stripe_settings, [usage(run="run-c", customer="cust-c", step=3,
-           input_tokens=50_000, output_tokens=10_000, time=START + timedelta(minutes=2.5))])  # fmt: skip
+    ingest(
+        engine,
+        stripe_settings,
+        [
+            usage(
+                run="run-c",
+                customer="cust-c",
+                step=3,
+                input_tokens=50_000,
+                output_tokens=10_000,
+                time=START + timedelta(minutes=2.5),
+            )
+        ],
+    )
     settle_due_now(engine, stripe_settings, now=datetime.now(UTC))
     drain(pusher, engine)
     sent = events_of(control, rid)
@@ -90,8 +130,13 @@ def test_cancel_and_resend_then_increase_then_balance_credit(engine, stripe_sett
     history = db.execute(
         "SELECT kind, micros FROM stripe_deliveries WHERE run_id = %s ORDER BY id", (rid,)
     ).fetchall()
-    assert [k for k, _ in history] == ["meter_event", "meter_cancel", "meter_event",
-                                       "meter_event", "balance_credit"]  # fmt: skip
+    assert [k for k, _ in history] == [
+        "meter_event",
+        "meter_cancel",
+        "meter_event",
+        "meter_event",
+        "balance_credit",
+    ]
 
 
 def test_negative_meter_event_while_the_invoice_is_open_then_credit_once_finalized(
@@ -113,10 +158,13 @@ def test_negative_meter_event_while_the_invoice_is_open_then_credit_once_finaliz
     month = START.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
     next_month = (month + timedelta(days=32)).replace(day=1)
     outcome = control.deliver_webhook(
-        url=f"{webhook_api}/webhooks/stripe", secret="whsec_test", type="invoice.finalized",
+        url=f"{webhook_api}/webhooks/stripe",
+        secret="whsec_test",
+        type="invoice.finalized",
         customer=stripe_id,
-        period_start=int(month.timestamp()), period_end=int(next_month.timestamp()),
-    )  # fmt: skip
+        period_start=int(month.timestamp()),
+        period_end=int(next_month.timestamp()),
+    )
     assert [o["status"] for o in outcome["deliveries"]] == [200]
     assert handle_webhooks(engine, negative) == 1
     credit(engine, negative, "run-n", 50_000, clock())

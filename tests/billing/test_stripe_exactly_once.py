@@ -70,12 +70,15 @@ def test_pusher_killed_mid_push_then_restarted_sends_exactly_once(
     control.settings(slow_s=0.05)
     control.inject_faults(rate=1.0, kinds=["slow"], seed=1)  # every call takes a while
     env = service_env(settings) | {
-        "FAIRMETER_STRIPE_API_BASE": emulator.url, "FAIRMETER_STRIPE_MAX_NETWORK_RETRIES": "0",
-        "FAIRMETER_STRIPE_PUSH_LEASE_S": "2", "FAIRMETER_STRIPE_BACKOFF_BASE_S": "0.01",
-    }  # fmt: skip
+        "FAIRMETER_STRIPE_API_BASE": emulator.url,
+        "FAIRMETER_STRIPE_MAX_NETWORK_RETRIES": "0",
+        "FAIRMETER_STRIPE_PUSH_LEASE_S": "2",
+        "FAIRMETER_STRIPE_BACKOFF_BASE_S": "0.01",
+    }
     loop = "from api.cli import run; import sys\nwhile True:\n    sys.argv=['x','stripe','push']\n    try: run()\n    except SystemExit: pass\n"  # noqa: E501
-    pusher = subprocess.Popen([sys.executable, "-c", loop], cwd=ROOT, env=env,
-                              start_new_session=True)  # fmt: skip
+    pusher = subprocess.Popen(
+        [sys.executable, "-c", loop], cwd=ROOT, env=env, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and len(control.state()["meter_events"]) < 40:

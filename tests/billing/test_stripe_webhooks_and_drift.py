@@ -17,23 +17,43 @@ SECRET = "whsec_test"
 
 
 def invoice_event(customer: str = "cus_x") -> dict:
-    return {"id": "evt_manual_1", "object": "event", "type": "invoice.finalized",
-            "data": {"object": {"id": "in_1", "object": "invoice", "customer": customer,
-                                "period_start": 1_790_000_000, "period_end": 1_792_000_000}}}  # fmt: skip
+    return {
+        "id": "evt_manual_1",
+        "object": "event",
+        "type": "invoice.finalized",
+        "data": {
+            "object": {
+                "id": "in_1",
+                "object": "invoice",
+                "customer": customer,
+                "period_start": 1_790_000_000,
+                "period_end": 1_792_000_000,
+            }
+        },
+    }
 
 
 def post_signed(base: str, payload: str, header: str) -> httpx.Response:
-    return httpx.post(f"{base}/webhooks/stripe", content=payload, timeout=10,
-                      headers={"content-type": "application/json", "stripe-signature": header})  # fmt: skip
+    return httpx.post(
+        f"{base}/webhooks/stripe",
+        content=payload,
+        timeout=10,
+        headers={"content-type": "application/json", "stripe-signature": header},
+    )
 
 
 def test_valid_webhook_delivered_five_times_is_stored_and_handled_once(
     webhook_api, control, engine, stripe_settings, db
 ):
     outcome = control.deliver_webhook(
-        url=f"{webhook_api}/webhooks/stripe", secret=SECRET, type="invoice.finalized",
-        customer="cus_abc", period_start=1_790_000_000, period_end=1_792_000_000, times=5,
-    )  # fmt: skip
+        url=f"{webhook_api}/webhooks/stripe",
+        secret=SECRET,
+        type="invoice.finalized",
+        customer="cus_abc",
+        period_start=1_790_000_000,
+        period_end=1_792_000_000,
+        times=5,
+    )
     assert [d["status"] for d in outcome["deliveries"]] == [200] * 5
     bodies = [json.loads(d["body"]) for d in outcome["deliveries"]]
     assert [b["duplicate"] for b in bodies] == [False, True, True, True, True]
@@ -46,8 +66,9 @@ def test_valid_webhook_delivered_five_times_is_stored_and_handled_once(
 def test_tampered_wrong_secret_and_stale_webhooks_are_400_and_not_stored(webhook_api, db):
     payload = json.dumps(invoice_event())
     now = int(time.time())
-    tampered = post_signed(webhook_api, payload.replace("cus_x", "cus_y"),
-                           signature_header(payload, SECRET, now))  # fmt: skip
+    tampered = post_signed(
+        webhook_api, payload.replace("cus_x", "cus_y"), signature_header(payload, SECRET, now)
+    )
     wrong_secret = post_signed(webhook_api, payload, signature_header(payload, "whsec_other", now))
     stale = post_signed(webhook_api, payload, signature_header(payload, SECRET, now - 301))
     unsigned = httpx.post(f"{webhook_api}/webhooks/stripe", content=payload, timeout=10)
@@ -66,8 +87,11 @@ def test_meter_error_report_thin_event_dead_letters_the_named_rows(
     db.execute("UPDATE customers SET stripe_customer_id = 'cus_unknown_to_stripe'")
     db.execute("UPDATE stripe_outbox SET status = 'pending' WHERE status = 'waiting_customer'")
     drain(Pusher(engine, stripe_settings), engine)  # accepted, then flagged by Stripe
-    outcome = control.deliver_webhook(url=f"{webhook_api}/webhooks/stripe", secret=SECRET,
-                                      type="v1.billing.meter.error_report_triggered")  # fmt: skip
+    outcome = control.deliver_webhook(
+        url=f"{webhook_api}/webhooks/stripe",
+        secret=SECRET,
+        type="v1.billing.meter.error_report_triggered",
+    )
     assert [d["status"] for d in outcome["deliveries"]] == [200], outcome["deliveries"]
     assert handle_webhooks(engine, stripe_settings) == 1  # fetched the thin event's data
     dead = db.execute("SELECT count(*) FROM stripe_outbox WHERE status = 'dead'").fetchone()[0]
@@ -84,11 +108,14 @@ def test_drift_check_reports_a_planted_difference_and_nothing_when_totals_agree(
     end = datetime.now(UTC) + timedelta(hours=1)
     assert drift(engine, stripe_settings, "acme", "cust-0", start, end) == []
     planted_at = datetime.now(UTC) - timedelta(hours=5)
-    sdk.v1.billing.meter_events.create(params={
-        "event_name": stripe_settings.stripe_meter_event_name, "identifier": "planted-1",
-        "payload": {"stripe_customer_id": stripe_id, "value": "777"},
-        "timestamp": int(planted_at.timestamp()),
-    })  # fmt: skip
+    sdk.v1.billing.meter_events.create(
+        params={
+            "event_name": stripe_settings.stripe_meter_event_name,
+            "identifier": "planted-1",
+            "payload": {"stripe_customer_id": stripe_id, "value": "777"},
+            "timestamp": int(planted_at.timestamp()),
+        }
+    )
     (difference,) = drift(engine, stripe_settings, "acme", "cust-0", start, end)
     assert difference.hour == planted_at.replace(minute=0, second=0, microsecond=0)
     assert (difference.ledger_units, difference.stripe_units, difference.delta) == (0, 777, 777)

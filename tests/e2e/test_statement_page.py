@@ -13,8 +13,9 @@ NOW = datetime.now(UTC)
 PERIOD = NOW.strftime("%Y-%m")
 
 
-def test_statement_page_in_a_real_browser(live_server, browser, artifacts, make_key, engine,
-                                          settings, db):  # fmt: skip
+def test_statement_page_in_a_real_browser(
+    live_server, browser, artifacts, make_key, engine, settings, db
+):
     start = NOW.replace(day=1, hour=1, minute=0, second=0, microsecond=0)
     events = []
     for i, kind in enumerate(sorted(KINDS) * 2):
@@ -27,8 +28,10 @@ def test_statement_page_in_a_real_browser(live_server, browser, artifacts, make_
         "SELECT sum(billed_micros) FILTER (WHERE outcome <> 'held_for_review') FROM runs"
     ).fetchone()[0]
 
-    context = browser.new_context(extra_http_headers={"Authorization": f"Bearer {key}"},
-                                  viewport={"width": 1200, "height": 1400})  # fmt: skip
+    context = browser.new_context(
+        extra_http_headers={"Authorization": f"Bearer {key}"},
+        viewport={"width": 1200, "height": 1400},
+    )
     page = context.new_page()
     try:
         response = page.goto(f"{live_server}/v1/customers/cust-1/statements/{PERIOD}.html")

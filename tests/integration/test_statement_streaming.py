@@ -30,8 +30,9 @@ def test_csv_of_100k_runs_streams_with_bounded_memory(settings, db, make_key):
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "api.cli", "serve", "--port", str(port), "--workers", "1"],
-        cwd=ROOT, env=service_env(settings),
-    )  # fmt: skip
+        cwd=ROOT,
+        env=service_env(settings),
+    )
     base = f"http://127.0.0.1:{port}"
     url = f"{base}/v1/customers/big/statements/2026-11.csv"
     headers = {"authorization": f"Bearer {key}"}

@@ -13,10 +13,18 @@ EXPLANATION = (
 def settled_runs(db: Any, *, tenant: str, customer: str, count: int, period: str) -> None:
     """``count`` confirmed runs with one decision each, ending through ``period``."""
     db.execute("INSERT INTO tenants (id) VALUES (%s) ON CONFLICT DO NOTHING", (tenant,))
-    db.execute("INSERT INTO customers (tenant_id, id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
-               (tenant, customer))  # fmt: skip
-    params = {"tenant": tenant, "customer": customer, "count": count, "period": period,
-              "start": f"{period}-01T00:00:00Z", "explanation": EXPLANATION}  # fmt: skip
+    db.execute(
+        "INSERT INTO customers (tenant_id, id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+        (tenant, customer),
+    )
+    params = {
+        "tenant": tenant,
+        "customer": customer,
+        "count": count,
+        "period": period,
+        "start": f"{period}-01T00:00:00Z",
+        "explanation": EXPLANATION,
+    }
     db.execute(
         """
         INSERT INTO runs (tenant_id, subject, customer_id, first_event_at, last_event_at,

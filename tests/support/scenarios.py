@@ -26,8 +26,9 @@ def scenario(kind: str, run: str, customer: str, start: datetime) -> list[dict[s
         return event(type=type_, run=run, customer=customer, time=at(minute), **data)
 
     def u(step: int, minute: float, **data: Any) -> dict[str, Any]:
-        return usage(run=run, customer=customer, step=step, time=at(minute),
-                     model="agent-small-1", **data)  # fmt: skip
+        return usage(
+            run=run, customer=customer, step=step, time=at(minute), model="agent-small-1", **data
+        )
 
     work = [e("run.started", 0, attempt=1), u(1, 1), u(2, 2)]
     if kind == "completed":
@@ -35,8 +36,12 @@ def scenario(kind: str, run: str, customer: str, start: datetime) -> list[dict[s
     if kind == "server-drop":
         return [*work, e("connection.lost", 3, side="server"), e("run.failed", 4, cause="network")]
     if kind == "partial-delivery":
-        return [*work, e("run.delivered", 1.5, step=1, kind="partial"), u(3, 3),
-                e("run.failed", 4, cause="provider")]  # fmt: skip
+        return [
+            *work,
+            e("run.delivered", 1.5, step=1, kind="partial"),
+            u(3, 3),
+            e("run.failed", 4, cause="provider"),
+        ]
     if kind == "client-claim":
         return [*work, e("connection.lost", 3, side="client"), e("run.failed", 4, cause="client")]
     if kind == "user-cancel":

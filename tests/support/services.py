@@ -79,10 +79,13 @@ def plain_url(url: str) -> str:
 def drop_stale_test_databases(server_url: str) -> None:
     """Remove databases of test sessions whose process is gone."""
     with psycopg.connect(plain_url(server_url), autocommit=True) as conn:
-        names = [r[0] for r in conn.execute(
-            "SELECT datname FROM pg_database WHERE datname LIKE %s",
-            (TEST_DATABASE_PREFIX + "%",),
-        ).fetchall()]  # fmt: skip
+        names = [
+            r[0]
+            for r in conn.execute(
+                "SELECT datname FROM pg_database WHERE datname LIKE %s",
+                (TEST_DATABASE_PREFIX + "%",),
+            ).fetchall()
+        ]
         for name in names:
             pid = name.removeprefix(TEST_DATABASE_PREFIX)
             if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
