@@ -288,3 +288,17 @@ def list_dead(conn: psycopg.Connection[Any], tenant: str | None) -> list[DeadRow
 def status_counts(conn: psycopg.Connection[Any]) -> dict[str, int]:
     rows = conn.execute("SELECT status, count(*) FROM stripe_outbox GROUP BY status").fetchall()
     return {status: int(count) for status, count in rows}
+
+
+def load_sent_for_runs(
+    conn: psycopg.Connection[Any], run_ids: Sequence[int]
+) -> dict[int, list[Sent]]:
+    rows = conn.execute(
+        "SELECT run_id, kind, identifier, micros, units, stripe_received_at, cancels_identifier "
+        "FROM stripe_deliveries WHERE run_id = ANY(%s) ORDER BY id",
+        (list(run_ids),),
+    ).fetchall()
+    sent: dict[int, list[Sent]] = {}
+    for run_id, *fields in rows:
+        sent.setdefault(run_id, []).append(Sent(*fields))
+    return sent

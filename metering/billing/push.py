@@ -27,6 +27,7 @@ from metering.config import Settings
 from metering.db import raw_transaction
 
 log = logging.getLogger("fairmeter.stripe")
+RECORD_BATCH = 25
 
 
 @dataclass
@@ -102,77 +103,100 @@ class Pusher:
         return report
 
     def _push_customer(self, items: list[outbox.OutboxItem], report: PushReport) -> None:
-        for item in items:
-            if not self._push_item(item, report):
-                return  # keep the customer's order: the rest waits for this one
+        """Send one customer's rows in order. Deliveries are recorded in small batches: a
+        crash before a batch is written only means the calls are repeated with the same
+        identifiers and idempotency keys, which Stripe answers without a second effect."""
+        plans = self._make_plans([i for i in items if i.plan is None])
+        done: list[tuple[outbox.OutboxItem, int, Step, datetime, str | None, bool]] = []
+        try:
+            for item in items:
+                steps = item.plan if item.plan is not None else plans[item.id]
+                if not steps:
+                    with raw_transaction(self._engine) as conn:
+                        outbox.finish_empty(conn, item, self._clock())
+                    report.add(sent_rows=1)
+                    continue
+                for index in range(item.next_step, len(steps)):
+                    outcome = self._send_step(item, index, steps[index], report=report)
+                    if outcome is None:
+                        return  # retry later; keep the customer's order
+                    if not isinstance(outcome, tuple):
+                        break  # dead: later rows of the customer still go
+                    received_at, note = outcome
+                    last = index == len(steps) - 1
+                    done.append((item, index, steps[index], received_at, note, last))
+                    if len(done) >= RECORD_BATCH:
+                        self._record(done)
+                else:
+                    report.add(sent_rows=1)
+        finally:
+            self._record(done)
 
-    def _push_item(self, item: outbox.OutboxItem, report: PushReport) -> bool:
-        steps = item.plan if item.plan is not None else self._make_plan(item)
-        if not steps:
-            with raw_transaction(self._engine) as conn:
-                outbox.finish_empty(conn, item, self._clock())
-            report.add(sent_rows=1)
-            return True
-        for index in range(item.next_step, len(steps)):
-            if not self._send_step(
-                item, index, steps[index], last=index == len(steps) - 1, report=report
-            ):
-                return False
-        report.add(sent_rows=1)
-        return True
-
-    def _make_plan(self, item: outbox.OutboxItem) -> list[Step]:
-        now = self._clock()
-        settings = self._settings
+    def _record(
+        self, done: list[tuple[outbox.OutboxItem, int, Step, datetime, str | None, bool]]
+    ) -> None:
+        if not done:
+            return
         with raw_transaction(self._engine) as conn:
-            sent = outbox.load_sent(conn, item.run_id)
-            carry = outbox.lock_carry(conn, item.tenant_id, item.customer_id, item.period)
-            negative_ok = settings.stripe_allow_negative_meter_values and not (
-                outbox.period_closed(conn, item.stripe_customer_id, item.event_timestamp)
-            )
-            steps, new_carry = plan(
-                PlanInput(
-                    run_id=item.run_id,
-                    version=item.version,
-                    target_micros=item.target_micros,
-                    sent=sent,
-                    now=now,
-                    carry=carry,
-                    event_time=item.event_timestamp,
-                    unit_micros=settings.stripe_meter_unit_micros,
-                    cancel_window=timedelta(seconds=settings.stripe_cancel_window_s),
-                    negative_values_allowed=negative_ok,
+            now = self._clock()
+            for item, index, step, received_at, note, last in done:
+                outbox.record_step(conn, item, index, step, received_at, note, last, now)
+        done.clear()
+
+    def _make_plans(self, items: list[outbox.OutboxItem]) -> dict[int, list[Step]]:
+        """Plans for a customer's unplanned rows, persisted (with the carries) in one
+        transaction before any call, so a retry sends exactly the same requests."""
+        if not items:
+            return {}
+        now, settings, plans = self._clock(), self._settings, {}
+        with raw_transaction(self._engine) as conn:
+            sent = outbox.load_sent_for_runs(conn, [i.run_id for i in items])
+            for item in items:
+                carry = outbox.lock_carry(conn, item.tenant_id, item.customer_id, item.period)
+                negative_ok = settings.stripe_allow_negative_meter_values and not (
+                    outbox.period_closed(conn, item.stripe_customer_id, item.event_timestamp)
                 )
-            )
-            outbox.save_plan(conn, item, steps, new_carry)
-        return steps
+                steps, new_carry = plan(
+                    PlanInput(
+                        run_id=item.run_id,
+                        version=item.version,
+                        target_micros=item.target_micros,
+                        sent=sent.get(item.run_id, []),
+                        now=now,
+                        carry=carry,
+                        event_time=item.event_timestamp,
+                        unit_micros=settings.stripe_meter_unit_micros,
+                        cancel_window=timedelta(seconds=settings.stripe_cancel_window_s),
+                        negative_values_allowed=negative_ok,
+                    )
+                )
+                outbox.save_plan(conn, item, steps, new_carry)
+                plans[item.id] = steps
+        return plans
 
     def _send_step(
-        self, item: outbox.OutboxItem, index: int, step: Step, *, last: bool, report: PushReport
-    ) -> bool:
+        self, item: outbox.OutboxItem, index: int, step: Step, *, report: PushReport
+    ) -> tuple[datetime, str | None] | bool | None:
+        """(received_at, note) when the step took effect; None to retry later; False if dead."""
         key = f"fairmeter:{item.id}:{index}:{step.identifier}"
-        note = None
         for quick_retry in range(self._settings.stripe_quick_retries + 1):
             try:
-                received_at, note = self._call(item, step, key)
+                outcome = self._call(item, step, key)
                 report.add(calls=1)
-                break
+                return outcome
             except Exception as exc:  # classified: every SDK error maps to a verdict
                 verdict = classify(exc)
                 if verdict is Verdict.DELIVERED:
                     # Stripe had it already; treat it as old so it is never cancelled later.
-                    received_at = self._clock() - timedelta(days=2)
-                    note = "duplicate identifier: already delivered"
-                    break
+                    return self._clock() - timedelta(days=2), "duplicate identifier: delivered"
                 if verdict is Verdict.DEAD or quick_retry == self._settings.stripe_quick_retries:
-                    return self._failed(item, exc, verdict, report)
+                    self._failed(item, exc, verdict, report)
+                    return False if verdict is Verdict.DEAD else None
                 # A blip: retry this call shortly, in place (same key, same parameters);
                 # longer outages go through next_attempt_at instead.
                 report.add(retried=1)
                 time.sleep(backoff(quick_retry, self._settings, self._rng).total_seconds())
-        with raw_transaction(self._engine) as conn:
-            outbox.record_step(conn, item, index, step, received_at, note, last, self._clock())
-        return True
+        return None
 
     def _call(self, item: outbox.OutboxItem, step: Step, key: str) -> tuple[datetime, str | None]:
         gateway, now = self._gateway(), self._clock()
