@@ -191,7 +191,8 @@ def write_report(args: argparse.Namespace, raw: float, push: float, ratio: float
             f"| (a) official SDK → emulator, {args.processes} processes × {THREADS} threads, "
             f"no database | {raw:,.0f} events/s | 1.00 | — |",
             f"| (b) outbox pusher (claim, plan, call, record) → emulator, same processes | "
-            f"{push:,.0f} rows/s | {ratio:.2f} | ≥ 1,000/s: {'met' if push >= 1000 else 'missed'} |",
+            f"{push:,.0f} rows/s | {ratio:.2f} | ≥ 1,000/s: "
+            f"{'met' if push >= 1000 else 'missed'} |",
             "",
             "Each row is one meter event; the pusher keeps one call in flight per customer "
             "(Stripe's rule) and records every delivery in PostgreSQL.",
