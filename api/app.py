@@ -6,6 +6,7 @@ from litestar import Litestar
 from litestar.datastructures import State
 from litestar.openapi.config import OpenAPIConfig
 
+from api.console import console_router
 from api.events import post_events
 from api.logs import configure_logging
 from api.metrics import latency_middleware
@@ -38,6 +39,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             readyz,
             metrics,
             *SUPPORT_HANDLERS,
+            console_router,
         ],
         state=State({"services": services}),
         exception_handlers=EXCEPTION_HANDLERS,

@@ -57,6 +57,16 @@ class KeyStore:
             raise unauthenticated("the API key has expired")
         return Principal(stored.tenant_id, stored.scope, stored.key_id, stored.customer_id)
 
+    def active_principal(self, key_id: str) -> Principal | None:
+        """The principal of a key that was authenticated earlier (a console session), while
+        the key still exists and is neither revoked nor expired; cached like ``authenticate``."""
+        stored = self._lookup(key_id)
+        if stored is None or stored.revoked_at is not None:
+            return None
+        if stored.expires_at is not None and stored.expires_at <= datetime.now(UTC):
+            return None
+        return Principal(stored.tenant_id, stored.scope, stored.key_id, stored.customer_id)
+
 
 def bearer_key(request: Request[Any, Any, Any]) -> str:
     header = request.headers.get("authorization", "")

@@ -165,6 +165,7 @@ class RunSummary:
     last_event_at: datetime
     ended_at: datetime | None
     open_dispute: bool
+    parked: bool = False
 
 
 def search_runs(
@@ -184,7 +185,8 @@ def search_runs(
         """
         SELECT r.subject, r.customer_id, r.status, r.outcome, r.gross_micros, r.billed_micros,
                r.credited_micros, r.last_event_at, r.ended_at,
-               EXISTS (SELECT 1 FROM disputes d WHERE d.run_id = r.id AND d.status = 'open')
+               EXISTS (SELECT 1 FROM disputes d WHERE d.run_id = r.id AND d.status = 'open'),
+               r.parked_at IS NOT NULL
         FROM runs r
         WHERE r.tenant_id = %(tenant)s
           AND (%(customer)s::text IS NULL OR r.customer_id = %(customer)s)

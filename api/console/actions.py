@@ -1,0 +1,283 @@
+"""Dispute actions, each in two steps: the first POST shows what will happen, the second
+(``confirm=yes``) does it in one transaction and returns to the run page with a message."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+from litestar import Request, Response, post
+from litestar.datastructures import State
+from litestar.params import FromPath
+
+from api.console.forms import credit_from, required_text
+from api.console.pages import run_page_response
+from api.console.web import (
+    Console,
+    Form,
+    check_csrf,
+    error_message,
+    redirect_with_flash,
+    render,
+    run_path,
+    services_of,
+    signed_in,
+    usd,
+)
+from api.services import Services
+from metering.db import raw_transaction
+from metering.disputes import service
+from metering.disputes.timeline import Dispute, disputes, timeline
+from metering.errors import MeteringError, conflict, not_found
+from metering.keys import Scope
+from metering.money import describe_usd
+from metering.runs import find_run_id
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What a confirmed action will do, in words, and how to do it."""
+
+    title: str
+    lines: list[str]
+    button: str
+    execute: Callable[[psycopg.Connection[Any]], str]  # → the message shown afterwards
+    warnings: list[str] = field(default_factory=list)
+    danger: bool = False
+    # The amounts the person saw; confirming is refused if they changed in between, so
+    # "you are about to credit 1.23 USD" is exactly what happens.
+    expect: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    console: Console
+    services: Services
+    run: str
+    form: dict[str, str]
+
+    @property
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+
+Planner = Callable[[psycopg.Connection[Any], Ask], Plan]
+
+
+def _amount(micros: int) -> str:
+    exact = describe_usd(micros)
+    return f"{usd(micros)} USD" + ("" if exact == usd(micros) else f" (exactly {exact} USD)")
+
+
+def _open_dispute_of(conn: psycopg.Connection[Any], ask: Ask, run_id: int) -> Dispute:
+    dispute_id = ask.form.get("dispute_id", "")
+    on_run = {str(d.id): d for d in disputes(conn, ask.console.principal, run_id=run_id)}
+    found = on_run.get(dispute_id)
+    if found is None:
+        raise not_found(f"run {ask.run} has no dispute {dispute_id}", code="dispute_not_found")
+    if found.status != "open":
+        raise conflict(f"dispute #{found.id} is already {found.status}", code="dispute_resolved")
+    return found
+
+
+def plan_open(conn: psycopg.Connection[Any], ask: Ask) -> Plan:
+    claim = required_text(ask.form, "claim", "describe the customer's claim")
+    money = service.run_money(conn, find_run_id(conn, ask.console.principal, ask.run))
+    principal = ask.console.principal
+
+    def execute(c: psycopg.Connection[Any]) -> str:
+        return f"Dispute #{service.open_dispute(c, principal, ask.run, claim)} opened."
+
+    return Plan(
+        title="Open a dispute",
+        lines=[
+            f"You are about to open a dispute on run {ask.run} for customer "
+            f"{money.customer_id}, with this claim:",
+            f"“{claim}”",
+            "No money moves until the dispute is approved.",
+        ],
+        button="Open dispute",
+        execute=execute,
+    )
+
+
+def _credit_warnings(ask: Ask, credit: service.Credit, micros: int, billed: int) -> list[str]:
+    warnings = []
+    if credit.amount_micros is not None and credit.amount_micros > billed:
+        warnings.append(f"The amount is capped at what the run bills: {usd(micros)} USD.")
+    if micros == 0:
+        warnings.append("Nothing is billed on this run, so the credit changes no amount.")
+    limit = ask.services.settings.support_credit_limit_micros
+    if ask.console.principal.scope is Scope.SUPPORT and micros > limit:
+        warnings.append(
+            f"Credits above {usd(limit)} USD need an admin key; this one will be refused."
+        )
+    return warnings
+
+
+def plan_approve(conn: psycopg.Connection[Any], ask: Ask) -> Plan:
+    credit = credit_from(ask.form)
+    reason = required_text(ask.form, "reason", "give the reason the customer will see")
+    principal, settings = ask.console.principal, ask.services.settings
+    run_id = find_run_id(conn, principal, ask.run)
+    dispute = _open_dispute_of(conn, ask, run_id)
+    money = service.run_money(conn, run_id)
+    micros = credit.micros(money.billed_micros)
+    warnings = _credit_warnings(ask, credit, micros, money.billed_micros)
+
+    def execute(c: psycopg.Connection[Any]) -> str:
+        service.approve_dispute(
+            c, principal, dispute.id, credit, reason=reason, settings=settings, now=ask.now
+        )
+        return f"Dispute #{dispute.id} approved: {_amount(micros)} credited to run {ask.run}."
+
+    return Plan(
+        title=f"Approve dispute #{dispute.id}",
+        lines=[
+            f"You are about to credit {_amount(micros)} to run {ask.run}.",
+            f"Billed {usd(money.billed_micros)} USD → {usd(money.billed_micros - micros)} "
+            f"USD; credited {usd(money.credited_micros)} USD → "
+            f"{usd(money.credited_micros + micros)} USD.",
+            f"Reason the customer will see: “{reason}”",
+        ]
+        + (["The run is held for review; approving also releases the hold."] if money.held else []),
+        button=f"Credit {usd(micros)} USD",
+        execute=execute,
+        warnings=warnings,
+        expect=f"{money.billed_micros}:{money.credited_micros}:{micros}",
+    )
+
+
+def plan_reject(conn: psycopg.Connection[Any], ask: Ask) -> Plan:
+    reason = required_text(ask.form, "reason", "give the reason the customer will see")
+    principal = ask.console.principal
+    dispute = _open_dispute_of(conn, ask, find_run_id(conn, principal, ask.run))
+
+    def execute(c: psycopg.Connection[Any]) -> str:
+        service.reject_dispute(c, principal, dispute.id, reason=reason, now=ask.now)
+        return f"Dispute #{dispute.id} rejected; no amount changed."
+
+    return Plan(
+        title=f"Reject dispute #{dispute.id}",
+        lines=[
+            f"You are about to reject dispute #{dispute.id} on run {ask.run}. No money moves.",
+            f"Reason the customer will see: “{reason}”",
+        ],
+        button="Reject dispute",
+        execute=execute,
+        danger=True,
+    )
+
+
+def plan_release(conn: psycopg.Connection[Any], ask: Ask) -> Plan:
+    reason = required_text(ask.form, "reason", "say why the hold can be released")
+    principal, settings = ask.console.principal, ask.services.settings
+    money = service.run_money(conn, find_run_id(conn, principal, ask.run))
+    if not money.held:
+        raise conflict("the run is not held for review", code="run_not_held")
+
+    def execute(c: psycopg.Connection[Any]) -> str:
+        service.release_hold(c, principal, ask.run, reason=reason, settings=settings, now=ask.now)
+        return f"Run {ask.run} released from review and billed."
+
+    return Plan(
+        title="Release the hold",
+        lines=[
+            f"You are about to release run {ask.run} from review and bill it as the "
+            f"policy proposed: {usd(money.billed_micros)} USD billed, "
+            f"{usd(money.credited_micros)} USD credited.",
+            f"Reason: “{reason}”",
+        ],
+        button=f"Release and bill {usd(money.billed_micros)} USD",
+        execute=execute,
+        expect=f"{money.billed_micros}:{money.credited_micros}",
+    )
+
+
+def _act(
+    request: Request[Any, Any, Any], state: State, run: str, form: dict[str, str], planner: Planner
+) -> Response[Any]:
+    services = services_of(state)
+    console = signed_in(request, services)
+    check_csrf(console, services, form)
+    ask = Ask(console, services, run, form)
+    try:
+        with raw_transaction(services.engine) as conn:
+            plan = planner(conn, ask)
+            if form.get("confirm") == "yes":
+                if form.get("expect", "") != plan.expect:
+                    raise conflict(
+                        "the run's amounts changed while you were reviewing; review again",
+                        code="amounts_changed",
+                    )
+                message = plan.execute(conn)
+            else:
+                skip = ("csrf", "confirm", "expect")
+                hidden = {k: v for k, v in form.items() if k not in skip} | {"expect": plan.expect}
+                return render(
+                    "confirm.html",
+                    me=console.principal,
+                    csrf=console.csrf,
+                    nav="queue",
+                    plan=plan,
+                    run=run,
+                    hidden=hidden,
+                    action=request.url.path,
+                )
+    except MeteringError as exc:
+        return _refused(request, console, services, run, form, exc)
+    return redirect_with_flash(request, run_path(run), message)
+
+
+def _refused(
+    request: Request[Any, Any, Any],
+    console: Console,
+    services: Services,
+    run: str,
+    form: dict[str, str],
+    exc: MeteringError,
+) -> Response[Any]:
+    """The run page again, with what went wrong and the values typed so far."""
+    flash = {"level": "error", "text": f"Nothing was changed. {error_message(exc)}."}
+    with raw_transaction(services.engine) as conn:
+        found = timeline(conn, console.principal, run)  # a missing run → the 404 page
+    return run_page_response(
+        request,
+        console,
+        found,
+        status=exc.status,
+        flash=flash,
+        form=form,
+        limit_micros=services.settings.support_credit_limit_micros,
+    )
+
+
+@post("/runs/{run:str}/dispute", sync_to_thread=True, status_code=200)
+def open_dispute(
+    request: Request[Any, Any, Any], state: State, run: FromPath[str], data: Form
+) -> Response[Any]:
+    return _act(request, state, run, data, plan_open)
+
+
+@post("/runs/{run:str}/approve", sync_to_thread=True, status_code=200)
+def approve_dispute(
+    request: Request[Any, Any, Any], state: State, run: FromPath[str], data: Form
+) -> Response[Any]:
+    return _act(request, state, run, data, plan_approve)
+
+
+@post("/runs/{run:str}/reject", sync_to_thread=True, status_code=200)
+def reject_dispute(
+    request: Request[Any, Any, Any], state: State, run: FromPath[str], data: Form
+) -> Response[Any]:
+    return _act(request, state, run, data, plan_reject)
+
+
+@post("/runs/{run:str}/release", sync_to_thread=True, status_code=200)
+def release_hold(
+    request: Request[Any, Any, Any], state: State, run: FromPath[str], data: Form
+) -> Response[Any]:
+    return _act(request, state, run, data, plan_release)
