@@ -1,11 +1,11 @@
 """Storing validated events: runs, raw events, usage lines and their ledger holds.
 
 This is the ingest hot path, so it speaks SQL to psycopg directly instead of going through
-the ORM's unit of work, and stores a request of any size in one round trip (measured in
-docs/benchmarks.md): its statements go out together in a psycopg pipeline; each takes its
-rows as one JSON parameter expanded by ``json_to_recordset``, far cheaper to build than one
-array per column; and run ids and event keys are joined on the server, so no statement
-waits for the client to read the one before. The caller owns the transaction.
+the ORM's unit of work, and stores a request of any size in two round trips (measured in
+docs/benchmarks.md): customers and runs, pipelined; then one statement for everything keyed
+by event. Each statement takes its rows as one JSON parameter expanded by
+``json_to_recordset``, far cheaper to build than one array per column. The caller owns the
+transaction.
 
 Concurrency: customers, then runs, then events are written each in key order, and all runs
 (one statement) before any event (the next), which takes their locks in one global order:
@@ -71,7 +71,7 @@ RETURNING id, subject, customer_id
 INSERT_EVENTS = f"""
 WITH input AS (
     SELECT * FROM json_to_recordset(%(events)s::json) AS x(
-        source text, event_id text, type text, subject text, at timestamptz, hash text,
+        source text, event_id text, type text, run_id bigint, at timestamptz, hash text,
         attributes jsonb, data jsonb, clock text, model text, step int, attempt int,
         tool_call_id text, replay bool, input_tokens bigint, cached_input_tokens bigint,
         output_tokens bigint, input_micros bigint, cached_input_micros bigint,
@@ -80,17 +80,15 @@ WITH input AS (
 inserted AS (
     INSERT INTO events (tenant_id, source, event_id, type, run_id, time, received_at,
                         body_hash, attributes, data)
-    SELECT %(tenant)s::text, i.source, i.event_id, i.type,
-           -- a probe per event, as below: a join may scan all the tenant's runs
-           (SELECT id FROM runs WHERE tenant_id = %(tenant)s::text AND subject = i.subject),
-           i.at, %(now)s::timestamptz, decode(i.hash, 'hex'), i.attributes, i.data
+    SELECT %(tenant)s::text, i.source, i.event_id, i.type, i.run_id, i.at,
+           %(now)s::timestamptz, decode(i.hash, 'hex'), i.attributes, i.data
     FROM input i
     ORDER BY i.source, i.event_id
     ON CONFLICT (tenant_id, source, event_id) DO NOTHING
-    RETURNING id, source, event_id, run_id
+    RETURNING id, source, event_id
 ),
 fresh AS (
-    SELECT e.id AS event_pk, e.run_id, i.*
+    SELECT e.id AS event_pk, i.*
     FROM inserted e JOIN input i ON i.source = e.source AND i.event_id = e.event_id
 ),
 lines AS (
@@ -132,7 +130,7 @@ aggregates AS (
 SELECT source, event_id, id, NULL::bytea FROM inserted
 UNION ALL
 SELECT i.source, i.event_id, NULL, e.body_hash
-FROM input i CROSS JOIN LATERAL (  -- LIMIT: a probe per event, never a scan of the tenant's
+FROM input i CROSS JOIN LATERAL (  -- LIMIT keeps it a probe per event, not a join
     SELECT body_hash FROM events
     WHERE tenant_id = %(tenant)s::text AND source = i.source AND event_id = i.event_id
     LIMIT 1
@@ -174,20 +172,21 @@ def store_events(
     unique, in_request_duplicates = _dedupe_within_request(events, single=single)
     new_customers = sorted({e.customer for e in unique} - (known_customers or set()))
     base = {"tenant": tenant_id, "now": now}
-    with conn.cursor() as runs_cur, conn.cursor() as events_cur:
-        # One round trip: the statements (and psycopg's BEGIN) go out together and are read
-        # after the pipeline's sync. Prepared at first use: planning the events statement
-        # costs more than running it.
-        with conn.pipeline():
+    with conn.cursor() as cur:
+        with conn.pipeline():  # one round trip for psycopg's BEGIN, customers and runs
             if new_customers:
                 customers = _encode(new_customers)
                 conn.execute(UPSERT_CUSTOMERS, {**base, "customers": customers}, prepare=True)
             runs = _encode(_run_rows(unique))
-            runs_cur.execute(UPSERT_RUNS, {**base, "runs": runs}, prepare=True)
-            rows = _encode(_event_rows(unique, prices))
-            events_cur.execute(INSERT_EVENTS, {**base, "events": rows}, prepare=True)
-        _check_owners(runs_cur.fetchall(), unique, single=single)
-        inserted, stored = _split_outcomes(events_cur.fetchall())
+            cur.execute(UPSERT_RUNS, {**base, "runs": runs}, prepare=True)
+        run_ids = _check_owners(cur.fetchall(), unique, single=single)
+        # Run ids go with the events rather than being looked up by subject in SQL: with
+        # stale statistics (a new tenant) the planner may pick a (tenant, …) index and scan
+        # all the tenant's runs for each event. Prepared at first use: planning this
+        # statement costs more than running it.
+        rows = _encode(_event_rows(unique, run_ids, prices))
+        cur.execute(INSERT_EVENTS, {**base, "events": rows}, prepare=True)
+        inserted, stored = _split_outcomes(cur.fetchall())
         _reject_conflicts(conn, tenant_id, unique, inserted, stored)
     outcomes = []
     for event in events:
@@ -232,7 +231,7 @@ def _run_rows(events: Sequence[ValidEvent]) -> list[dict[str, Any]]:
 
 
 def _event_rows(
-    events: Sequence[ValidEvent], prices: dict[int, PricedUsage]
+    events: Sequence[ValidEvent], run_ids: dict[str, int], prices: dict[int, PricedUsage]
 ) -> list[dict[str, Any]]:
     rows = []
     for e in events:
@@ -240,7 +239,7 @@ def _event_rows(
             "source": e.source,
             "event_id": e.id,
             "type": e.type,
-            "subject": e.subject,
+            "run_id": run_ids[e.subject],
             "at": e.time,
             "hash": e.body_hash.hex(),
             "attributes": e.attributes,
@@ -272,13 +271,15 @@ def _usage_columns(data: dict[str, Any], price: PricedUsage) -> dict[str, Any]:
 
 def _check_owners(
     rows: Sequence[tuple[Any, ...]], events: Sequence[ValidEvent], *, single: bool
-) -> None:
-    """A run already owned by another customer is a 422 for the whole request."""
+) -> dict[str, int]:
+    """Run ids by subject; a run already owned by another customer is a 422 for the request."""
     first: dict[str, ValidEvent] = {}
     for event in events:
         first.setdefault(event.subject, event)
+    run_ids: dict[str, int] = {}
     errors = []
-    for _run_id, subject, owner in rows:
+    for run_id, subject, owner in rows:
+        run_ids[subject] = run_id
         event = first[subject]
         if owner != event.customer:
             path = "$.data.customer" if single else f"$[{event.index}].data.customer"
@@ -287,6 +288,7 @@ def _check_owners(
             )
     if errors:
         raise validation_error(errors)
+    return run_ids
 
 
 def _split_outcomes(
