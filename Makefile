@@ -14,7 +14,7 @@ install: uv
 ## Start the whole service (API, worker, beat) on embedded PostgreSQL/Redis unless
 ## DATABASE_URL / REDIS_URL are set. Ctrl-C stops everything it started.
 up: install
-	@$(UV) run --frozen fairmeter up
+	@$(UV) run --frozen fairmeter up $(ARGS)
 
 ## Lint, type-check and run the whole suite against real PostgreSQL, Redis and Celery.
 test: install lint typecheck
@@ -32,6 +32,9 @@ unit: install
 
 bench: install
 	@$(UV) run --frozen python bench/ingest.py
+	@$(UV) run --frozen python bench/settle.py
+	@$(UV) run --frozen python bench/stripe_sync.py
+	@$(UV) run --frozen python bench/statement.py
 
 clean:
 	rm -rf .fairmeter .pytest_cache .mypy_cache .ruff_cache

