@@ -10,8 +10,10 @@ from api.console import console_router
 from api.events import post_events
 from api.logs import configure_logging
 from api.metrics import latency_middleware
+from api.openapi_docs import COMPONENTS, StrictStructSchemaPlugin
 from api.ops import healthz, metrics, readyz
 from api.problems import EXCEPTION_HANDLERS
+from api.ratelimit import rate_limit_middleware
 from api.runs import get_run, settle_run_now
 from api.services import Services
 from api.statements import get_statement
@@ -43,7 +45,10 @@ def create_app(settings: Settings | None = None) -> Litestar:
         ],
         state=State({"services": services}),
         exception_handlers=EXCEPTION_HANDLERS,
-        middleware=[latency_middleware],
+        middleware=[
+            latency_middleware,
+            rate_limit_middleware(services.redis, services.keys, settings),
+        ],
         request_max_body_size=settings.max_body_bytes,
         on_shutdown=[shutdown],
         openapi_config=OpenAPIConfig(
@@ -51,6 +56,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
             version="0.1.0",
             path="/schema",
             description="Usage metering and billing protection for AI-agent runs.",
+            components=COMPONENTS,
         ),
+        plugins=[StrictStructSchemaPlugin()],
         debug=False,
     )

@@ -11,6 +11,7 @@ from litestar.datastructures import State
 
 from api.cloudevents_http import decode_events
 from api.metrics import record_ingest, record_rejection
+from api.openapi_docs import AUTHENTICATED, IngestOperation, keys, problems
 from api.services import Services
 from api.wire import EventResult, IngestReply
 from metering.db import raw_transaction
@@ -24,6 +25,9 @@ from metering.keys import Scope
     status_code=200,
     summary="Ingest CloudEvents (structured, binary or batch mode)",
     tags=["ingest"],
+    security=keys(Scope.INGEST),
+    responses=problems(*AUTHENTICATED, 409, 413, 415, 422),
+    operation_class=IngestOperation,
 )
 async def post_events(request: Request[Any, Any, Any], state: State) -> IngestReply:
     """Durable before the reply: the events are committed when this returns 200."""

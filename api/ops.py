@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from litestar import Response, get
 from litestar.datastructures import State
+from litestar.openapi.datastructures import ResponseSpec
 
 from api.metrics import render_metrics
 from api.services import Services
@@ -17,7 +18,13 @@ def healthz() -> Health:
     return Health(status="ok")
 
 
-@get("/readyz", sync_to_thread=True, tags=["ops"], summary="Readiness: database and Redis")
+@get(
+    "/readyz",
+    sync_to_thread=True,
+    tags=["ops"],
+    summary="Readiness: database and Redis",
+    responses={503: ResponseSpec(Health, description="A backing service is down")},
+)
 def readyz(state: State) -> Response[Health]:
     services: Services = state.services
     checks: dict[str, str] = {}
@@ -39,7 +46,13 @@ def readyz(state: State) -> Response[Health]:
     )
 
 
-@get("/metrics", sync_to_thread=True, tags=["ops"], summary="Prometheus metrics")
+@get(
+    "/metrics",
+    sync_to_thread=True,
+    tags=["ops"],
+    summary="Prometheus metrics",
+    media_type="text/plain",
+)
 def metrics(state: State) -> Response[bytes]:
     services: Services = state.services
     try:

@@ -81,6 +81,24 @@ def database_down_handler(_: Request[Any, Any, Any], exc: Exception) -> Response
     )
 
 
+def unstorable_value_handler(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    """PostgreSQL (or the driver) refused a value the client sent (a NUL character or a lone
+    surrogate in a text, a number out of range): bad input, so a 400, never a 500. The value
+    itself is not logged."""
+    log.warning("value refused by the database: %s", exc.__class__.__name__)
+    return problem(
+        400,
+        "invalid_value",
+        "Bad request",
+        "a value in the request cannot be stored (e.g. a NUL character or a number out of range)",
+    )
+
+
+def too_deep_handler(_: Request[Any, Any, Any], exc: RecursionError) -> Response[Any]:
+    """A body nested deeper than the JSON decoder recurses (Litestar's own body parsing)."""
+    return problem(400, "json_too_deep", "Bad request", "the JSON is nested too deeply")
+
+
 def internal_error_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     if isinstance(exc, sqlalchemy.exc.OperationalError | psycopg.OperationalError):
         return database_down_handler(request, exc)
@@ -94,5 +112,9 @@ EXCEPTION_HANDLERS: dict[Any, Any] = {
     sqlalchemy.exc.OperationalError: database_down_handler,
     sqlalchemy.exc.TimeoutError: database_down_handler,
     psycopg.OperationalError: database_down_handler,
+    psycopg.DataError: unstorable_value_handler,
+    sqlalchemy.exc.DataError: unstorable_value_handler,
+    UnicodeEncodeError: unstorable_value_handler,
+    RecursionError: too_deep_handler,
     Exception: internal_error_handler,
 }

@@ -9,6 +9,7 @@ from litestar import Request, get, post
 from litestar.datastructures import State
 from litestar.params import FromPath
 
+from api.openapi_docs import AUTHENTICATED, keys, problems
 from api.services import Services
 from api.wire import DecisionReply, RunReply
 from metering.db import raw_transaction
@@ -59,7 +60,14 @@ def _decision(d: DecisionView) -> DecisionReply:
     )
 
 
-@get("/v1/runs/{run:str}", sync_to_thread=True, summary="A run's status", tags=["runs"])
+@get(
+    "/v1/runs/{run:str}",
+    sync_to_thread=True,
+    summary="A run's status",
+    tags=["runs"],
+    security=keys(Scope.INGEST, Scope.SUPPORT, Scope.ADMIN, Scope.CUSTOMER),
+    responses=problems(*AUTHENTICATED, 404),
+)
 def get_run(request: Request[Any, Any, Any], run: FromPath[str], state: State) -> RunReply:
     services: Services = state.services
     principal = services.authenticate(
@@ -74,6 +82,8 @@ def get_run(request: Request[Any, Any, Any], run: FromPath[str], state: State) -
     status_code=200,
     summary="Settle a run now, as if every window had passed",
     tags=["support"],
+    security=keys(Scope.SUPPORT, Scope.ADMIN),
+    responses=problems(*AUTHENTICATED, 404, 409),
 )
 async def settle_run_now(
     request: Request[Any, Any, Any], run: FromPath[str], state: State

@@ -14,6 +14,7 @@ from litestar.datastructures import State
 from litestar.params import FromPath
 from litestar.response import Stream
 
+from api.openapi_docs import AUTHENTICATED, keys, problems
 from api.services import Services
 from api.wire import StatementLineReply, StatementReply, TotalsReply
 from metering.db import raw_transaction
@@ -44,6 +45,8 @@ def _format(period: str, accept: str) -> tuple[str, str]:
     "/v1/customers/{customer:str}/statements/{period:str}",
     summary="A customer's usage statement for a month (JSON, CSV or HTML)",
     tags=["statements"],
+    security=keys(Scope.CUSTOMER, Scope.SUPPORT, Scope.ADMIN),
+    responses=problems(*AUTHENTICATED, 404, 422),
 )
 async def get_statement(
     request: Request[Any, Any, Any],

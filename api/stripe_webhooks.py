@@ -8,13 +8,21 @@ from anyio import to_thread
 from litestar import Request, post
 from litestar.datastructures import State
 
+from api.openapi_docs import StripeWebhookOperation, problems
 from api.services import Services
 from metering.billing import webhooks
 from metering.db import raw_transaction
 from metering.errors import MeteringError
 
 
-@post("/webhooks/stripe", status_code=200, tags=["stripe"], summary="Stripe webhook endpoint")
+@post(
+    "/webhooks/stripe",
+    status_code=200,
+    tags=["stripe"],
+    summary="Stripe webhook endpoint (authenticated by the Stripe-Signature header)",
+    responses=problems(400, 404, 413, 429, 503),
+    operation_class=StripeWebhookOperation,
+)
 async def stripe_webhook(request: Request[Any, Any, Any], state: State) -> dict[str, Any]:
     payload = await request.body()
     signature = request.headers.get("stripe-signature")

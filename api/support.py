@@ -12,6 +12,7 @@ from litestar import Request, get, post
 from litestar.datastructures import State
 from litestar.params import FromPath
 
+from api.openapi_docs import AUTHENTICATED, keys, problems
 from api.runs import run_reply
 from api.services import Services
 from api.wire import RunReply
@@ -21,6 +22,7 @@ from metering.keys import Principal, Scope
 from metering.runs import find_run_id, get_run_view
 
 T = TypeVar("T")
+SUPPORT_KEYS = keys(Scope.SUPPORT, Scope.ADMIN)
 
 
 class CreditRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -66,7 +68,13 @@ def _midnight(day: date | None) -> datetime | None:
     return datetime(day.year, day.month, day.day, tzinfo=UTC) if day else None
 
 
-@get("/v1/support/runs", tags=["support"], summary="Search runs; queue=true: held or disputed")
+@get(
+    "/v1/support/runs",
+    tags=["support"],
+    summary="Search runs; queue=true: held or disputed",
+    security=SUPPORT_KEYS,
+    responses=problems(*AUTHENTICATED, 422),
+)
 async def search_runs(
     request: Request[Any, Any, Any],
     state: State,
@@ -95,7 +103,13 @@ async def search_runs(
     return await _in_thread(request, state, work)
 
 
-@get("/v1/support/runs/{run:str}", tags=["support"], summary="A run's full timeline")
+@get(
+    "/v1/support/runs/{run:str}",
+    tags=["support"],
+    summary="A run's full timeline",
+    security=SUPPORT_KEYS,
+    responses=problems(*AUTHENTICATED, 404),
+)
 async def run_timeline(
     request: Request[Any, Any, Any], run: FromPath[str], state: State
 ) -> timeline.Timeline:
@@ -106,7 +120,13 @@ async def run_timeline(
     return await _in_thread(request, state, work)
 
 
-@post("/v1/support/runs/{run:str}/disputes", tags=["support"], summary="Open a dispute")
+@post(
+    "/v1/support/runs/{run:str}/disputes",
+    tags=["support"],
+    summary="Open a dispute",
+    security=SUPPORT_KEYS,
+    responses=problems(*AUTHENTICATED, 404, 409, 413, 422),
+)
 async def open_dispute(
     request: Request[Any, Any, Any], run: FromPath[str], data: DisputeRequest, state: State
 ) -> DisputeOpened:
@@ -117,7 +137,13 @@ async def open_dispute(
     return await _in_thread(request, state, work)
 
 
-@get("/v1/support/disputes", tags=["support"], summary="Disputes, newest first")
+@get(
+    "/v1/support/disputes",
+    tags=["support"],
+    summary="Disputes, newest first",
+    security=SUPPORT_KEYS,
+    responses=problems(*AUTHENTICATED, 422),
+)
 async def list_disputes(
     request: Request[Any, Any, Any], state: State, status: str | None = None
 ) -> list[timeline.Dispute]:
@@ -139,6 +165,8 @@ def _run_of_dispute(services: Services, principal: Principal, dispute_id: int) -
     status_code=200,
     tags=["support"],
     summary="Approve a dispute with a full or partial credit",
+    security=SUPPORT_KEYS,
+    responses=problems(*AUTHENTICATED, 404, 409, 413, 422),
 )
 async def approve_dispute(
     request: Request[Any, Any, Any], dispute_id: FromPath[int], data: CreditRequest, state: State
@@ -164,6 +192,8 @@ async def approve_dispute(
     status_code=200,
     tags=["support"],
     summary="Reject a dispute with a reason the customer will see",
+    security=SUPPORT_KEYS,
+    responses=problems(*AUTHENTICATED, 404, 409, 413, 422),
 )
 async def reject_dispute(
     request: Request[Any, Any, Any], dispute_id: FromPath[int], data: ReasonRequest, state: State
@@ -181,6 +211,8 @@ async def reject_dispute(
     status_code=200,
     tags=["support"],
     summary="Credit a run directly (also releases a hold)",
+    security=SUPPORT_KEYS,
+    responses=problems(*AUTHENTICATED, 404, 409, 413, 422),
 )
 async def credit_run(
     request: Request[Any, Any, Any], run: FromPath[str], data: CreditRequest, state: State
@@ -208,6 +240,8 @@ async def credit_run(
     status_code=200,
     tags=["support"],
     summary="Bill a held run as the policy proposed",
+    security=SUPPORT_KEYS,
+    responses=problems(*AUTHENTICATED, 404, 409, 413, 422),
 )
 async def release_run(
     request: Request[Any, Any, Any], run: FromPath[str], data: ReasonRequest, state: State
@@ -222,7 +256,13 @@ async def release_run(
     return await _in_thread(request, state, work)
 
 
-@get("/v1/support/audit", tags=["support"], summary="The audit log, newest first")
+@get(
+    "/v1/support/audit",
+    tags=["support"],
+    summary="The audit log, newest first",
+    security=SUPPORT_KEYS,
+    responses=problems(*AUTHENTICATED),
+)
 async def audit_log(
     request: Request[Any, Any, Any], state: State, limit: int = 200
 ) -> list[audit.AuditEntry]:

@@ -51,7 +51,7 @@ class Credit:
             percent = Decimal(self.percent or "")
         except InvalidOperation:
             raise _bad("$.percent", "must be a number between 0 and 100") from None
-        if not Decimal(0) < percent <= Decimal(100):
+        if not percent.is_finite() or not Decimal(0) < percent <= Decimal(100):
             raise _bad("$.percent", "must be a number between 0 and 100")
         hundredths = int(percent * 100)  # basis points of a percent: two decimals kept
         return round_half_even_div(billed_micros * hundredths, 10_000)

@@ -73,7 +73,9 @@ class Totals:
 def parse_period(text: str, now: datetime) -> str:
     if text == "current":
         return now.astimezone(UTC).strftime("%Y-%m")
-    if not PERIOD.match(text):
+    match = PERIOD.match(text)
+    # Years 1 to 9998: the period's close (the next month) must be a datetime.
+    if not match or not 1 <= int(match.group(1)) <= 9998:
         raise validation_error(
             [FieldError("$.period", "invalid_period", "period is YYYY-MM or 'current'")]
         )

@@ -80,7 +80,9 @@ def build_query(
         period=query.parse_period(period_text, now),
         outcome=query.check_outcome(outcome),
         ended_from=at_midnight(ended_from),
-        ended_to=at_midnight(ended_to + timedelta(days=1)) if ended_to else None,
+        ended_to=at_midnight(ended_to + timedelta(days=1))
+        if ended_to and ended_to < date.max
+        else None,
     )
 
 

@@ -1,0 +1,184 @@
+"""What the OpenAPI document says about keys, errors and the ingest body.
+
+Documentation only: nothing here changes what a handler accepts or answers. Every handler
+names the scopes it accepts (``keys``) and the problem responses it can give (``problems``),
+so that clients, Schemathesis and the IDOR matrix in ``tests/security`` read one truth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+# Litestar's own struct schema plugin keeps its handling of msgspec fields; ours only adds
+# what it leaves out (``additionalProperties: false`` for strict structs).
+from litestar._openapi.schema_generation.plugins.struct import StructSchemaPlugin
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.openapi.spec import (
+    Components,
+    OpenAPIMediaType,
+    OpenAPIType,
+    Operation,
+    Parameter,
+    RequestBody,
+    Schema,
+    SecurityRequirement,
+    SecurityScheme,
+)
+from litestar.typing import FieldDefinition
+
+from api.problems import PROBLEM_JSON
+from metering.ingest.catalogue import EVENT_TYPES
+from metering.keys import Scope
+
+BEARER = "apiKey"
+
+COMPONENTS = Components(
+    security_schemes={
+        BEARER: SecurityScheme(
+            type="http",
+            scheme="bearer",
+            description=(
+                "A Fairmeter key, `fm_<scope>_<key id>_<secret>_<checksum>`. The roles listed "
+                "on an operation are the key scopes it accepts; others get 403."
+            ),
+        )
+    }
+)
+
+
+def keys(*scopes: Scope) -> list[SecurityRequirement]:
+    """The operation needs a bearer key of one of ``scopes``."""
+    return [{BEARER: [scope.value for scope in scopes]}]
+
+
+class Problem(msgspec.Struct):
+    """An RFC 9457 problem document; ``code`` is stable, other members depend on the code."""
+
+    type: str
+    title: str
+    status: int
+    code: str
+    detail: str
+
+
+_DESCRIPTIONS = {
+    400: "The request is malformed (syntax, types, unknown fields)",
+    401: "No API key, or one that is malformed, unknown, revoked or expired",
+    403: "The key's scope does not allow this operation",
+    404: "Not found, or not visible to this key",
+    409: "Conflicts with what is already stored",
+    413: "The body or the batch is too large",
+    415: "The content type is not supported",
+    422: "The request is well-formed but its values are not valid",
+    429: "Too many requests for this key; see Retry-After",
+    503: "A backing service is unavailable; see Retry-After",
+}
+
+
+def problems(*statuses: int) -> dict[int, ResponseSpec]:
+    """``responses=`` for a handler: each status as an ``application/problem+json`` body."""
+    return {
+        status: ResponseSpec(
+            data_container=Problem,
+            media_type=PROBLEM_JSON,
+            description=_DESCRIPTIONS[status],
+            generate_examples=False,
+        )
+        for status in statuses
+    }
+
+
+# Every authenticated operation can answer these, whatever it does.
+AUTHENTICATED = (400, 401, 403, 429, 503)
+
+
+class StrictStructSchemaPlugin(StructSchemaPlugin):
+    """Structs declared ``forbid_unknown_fields`` are documented ``additionalProperties: false``."""
+
+    def to_openapi_schema(self, field_definition: FieldDefinition, schema_creator: Any) -> Schema:
+        schema = super().to_openapi_schema(field_definition, schema_creator)
+        info = msgspec.inspect.type_info(field_definition.type_)
+        if isinstance(info, msgspec.inspect.StructType) and info.forbid_unknown_fields:
+            schema.additional_properties = False
+        return schema
+
+
+def _text(max_length: int = 255) -> Schema:
+    return Schema(type=OpenAPIType.STRING, min_length=1, max_length=max_length)
+
+
+_EVENT = Schema(
+    type=OpenAPIType.OBJECT,
+    required=["specversion", "id", "source", "type", "subject", "time", "data"],
+    properties={
+        "specversion": Schema(type=OpenAPIType.STRING, const="1.0"),
+        "id": _text(),
+        "source": _text(),
+        "type": Schema(type=OpenAPIType.STRING, enum=sorted(EVENT_TYPES)),
+        "subject": _text(),
+        "time": Schema(type=OpenAPIType.STRING, description="RFC 3339, e.g. 2025-01-31T12:00:00Z"),
+        "data": Schema(
+            type=OpenAPIType.OBJECT,
+            required=["customer"],
+            properties={"customer": _text(128)},
+            description="The fields of the event type (DESIGN §1); unknown fields are refused.",
+        ),
+    },
+    description="A CloudEvent 1.0 (DESIGN §1). Extension attributes are flat strings.",
+)
+
+
+@dataclass
+class IngestOperation(Operation):
+    """POST /v1/events reads its body raw (the CloudEvents mode decides how): document it."""
+
+    def __post_init__(self) -> None:
+        self.request_body = RequestBody(
+            required=True,
+            description=(
+                "One event (structured mode), a JSON array of 1-1000 events (batch mode), or "
+                "binary mode: the event's data as the JSON body with its attributes in ce-* "
+                "headers."
+            ),
+            content={
+                "application/cloudevents+json": OpenAPIMediaType(schema=_EVENT),
+                "application/cloudevents-batch+json": OpenAPIMediaType(
+                    schema=Schema(type=OpenAPIType.ARRAY, items=_EVENT, min_items=1, max_items=1000)
+                ),
+            },
+        )
+
+
+@dataclass
+class StripeWebhookOperation(Operation):
+    """POST /webhooks/stripe reads its body raw to check Stripe's signature: document both."""
+
+    def __post_init__(self) -> None:
+        self.parameters = [
+            Parameter(
+                name="Stripe-Signature",
+                param_in="header",
+                required=True,
+                schema=Schema(type=OpenAPIType.STRING, min_length=1),
+                description="Stripe's signature of the raw body (t=…,v1=…); others get 400.",
+            )
+        ]
+        self.request_body = RequestBody(
+            required=True,
+            description="A Stripe event, verified against the configured webhook secret.",
+            content={
+                "application/json": OpenAPIMediaType(
+                    schema=Schema(
+                        type=OpenAPIType.OBJECT,
+                        required=["id", "type"],
+                        properties={
+                            "id": Schema(type=OpenAPIType.STRING),
+                            "type": Schema(type=OpenAPIType.STRING),
+                        },
+                    )
+                )
+            },
+        )

@@ -1,0 +1,126 @@
+"""Helpers for the security tests: API processes with their own settings, and their logs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from litestar.testing import TestClient
+
+from metering.config import Settings
+from tests.conftest import ROOT, free_port, service_env, wait_http
+
+SERVE = (sys.executable, "-m", "api.cli", "serve")
+
+
+@dataclass
+class Served:
+    """An API process: its base URL and the files its stdout and stderr go to."""
+
+    base: str
+    stdout: Path
+    stderr: Path
+
+    def logs(self) -> str:
+        return self.stdout.read_text(errors="replace") + self.stderr.read_text(errors="replace")
+
+
+@contextmanager
+def serve(
+    settings: Settings,
+    tmp_path: Path,
+    *,
+    workers: int = 1,
+    command: tuple[str, ...] = SERVE,
+    **env: str,
+) -> Iterator[Served]:
+    """``fairmeter serve`` (or ``command``) in its own process, as deployed, with extra
+    ``FAIRMETER_*`` or standard variables; stopped (killed if it must be) when the block ends."""
+    port = free_port()
+    name = uuid.uuid4().hex[:8]
+    out, err = tmp_path / f"api-{name}.out", tmp_path / f"api-{name}.err"
+    environment = {**service_env(settings), **env}
+    with out.open("wb") as stdout, err.open("wb") as stderr:
+        proc = subprocess.Popen(
+            [*command, "--port", str(port), "--workers", str(workers)],
+            cwd=ROOT,
+            env=environment,
+            stdout=stdout,
+            stderr=stderr,
+        )
+        base = f"http://127.0.0.1:{port}"
+        try:
+            wait_http(f"{base}/healthz")
+            yield Served(base, out, err)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+@contextmanager
+def client_with(settings: Settings, **overrides: Any) -> Iterator[TestClient[Any]]:
+    """The real app in-process with some settings changed."""
+    from api.app import create_app
+
+    with TestClient(app=create_app(settings.model_copy(update=overrides))) as client:
+        yield client
+
+
+def unique_prefix() -> str:
+    """A Redis key prefix of one test, so its small limits count only its own requests."""
+    return f"fairmeter-test:ratelimit:{uuid.uuid4().hex}"
+
+
+@dataclass(frozen=True)
+class TenantData:
+    """What :func:`seed_tenant` stored: one customer's settled, held and refunded runs and an
+    open dispute, plus the strings that must never show up in another tenant's replies."""
+
+    tenant: str
+    customer: str
+    runs: tuple[str, ...]
+    dispute_id: int
+    claim: str
+
+    @property
+    def markers(self) -> tuple[str, ...]:
+        return (self.customer, *self.runs, self.claim)
+
+
+def seed_tenant(engine: Any, settings: Settings, *, tenant: str = "acme") -> TenantData:
+    """Settled runs of each kind and an open dispute in ``tenant``, through the use cases."""
+    from datetime import UTC, datetime, timedelta
+
+    from metering.db import raw_transaction
+    from metering.disputes import service
+    from metering.keys import Principal, Scope
+    from metering.settlement.runner import settle_due_now
+    from tests.support.ingest import ingest
+    from tests.support.scenarios import scenario
+
+    now = datetime.now(UTC)
+    start = now - timedelta(hours=3)
+    customer = f"{tenant}-secret-customer"
+    runs = (f"{tenant}-ok-run", f"{tenant}-held-run", f"{tenant}-drop-run")
+    events = (
+        scenario("completed", runs[0], customer, start)
+        + scenario("client-claim", runs[1], customer, start)
+        + scenario("server-drop", runs[2], customer, start)
+    )
+    ingest(engine, settings, events, tenant=tenant)
+    settle_due_now(engine, settings, now=now)
+    claim = f"{tenant} claim: the agent crashed"
+    with raw_transaction(engine) as conn:
+        support = Principal(tenant, Scope.SUPPORT, "seed")
+        dispute_id = service.open_dispute(conn, support, runs[0], claim)
+    return TenantData(tenant, customer, runs, dispute_id, claim)
