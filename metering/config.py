@@ -75,7 +75,7 @@ class Settings(BaseSettings):
 
     # The sweeper (DESIGN §2, STYLE rule 5): it claims due runs with a lease, hands them to
     # workers in chunks, and parks a run that fails this many times in a row.
-    sweep_interval_s: float = 5.0
+    sweep_interval_s: float = 1.0
     sweep_batch_size: int = 5000
     settle_chunk_size: int = 200
     claim_lease_s: int = 120

@@ -77,12 +77,26 @@ WHERE settled_evidence_version < evidence_version AND parked_at IS NULL
 RETURNING id, tenant_id, subject
 """
 
+# Sweeps take this lock in their transaction, so they claim one after the other: two sweeps
+# claiming at once would split a customer's due runs between their chunks.
+SWEEP_LOCK_KEY = 0x5EE9_0000
+
+# A customer with runs still in flight (claimed, lease running, not settled) is left for a
+# later sweep: a second chunk of theirs could otherwise be settled before the first, out of
+# end-time order, and R8 reads the customer's earlier decisions.
+# (NOT IN, not NOT EXISTS: it becomes one hashed subplan whatever the row estimates; both
+# columns are NOT NULL.)
 CLAIM_DUE_RUNS = f"""
 WITH due AS (
     SELECT id FROM runs
     WHERE settled_evidence_version < evidence_version AND parked_at IS NULL
       AND (claimed_until IS NULL OR claimed_until < %(now)s)
       AND {DUE_AT_SQL} <= %(now)s
+      AND (tenant_id, customer_id) NOT IN (
+          SELECT tenant_id, customer_id FROM runs
+          WHERE settled_evidence_version < evidence_version AND parked_at IS NULL
+            AND claimed_until >= %(now)s
+      )
     ORDER BY COALESCE(terminal_at, last_event_at), id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -127,7 +141,12 @@ def park_poison_runs(
 def claim_due_runs(
     conn: psycopg.Connection[Any], now: datetime, windows: Windows, *, limit: int, lease: timedelta
 ) -> list[ClaimedRun]:
-    """Claim up to ``limit`` due runs for ``lease``; a claim that is never settled expires."""
+    """Claim up to ``limit`` due runs for ``lease``; a claim that is never settled expires.
+
+    Waits for any other sweep's claim to commit, and skips customers with runs in flight,
+    so a customer's runs are never in two chunks at once (see ``CLAIM_DUE_RUNS``).
+    """
+    conn.execute("SELECT pg_advisory_xact_lock(%s)", (SWEEP_LOCK_KEY,))
     params: dict[str, Any] = {
         "now": now,
         "limit": limit,
