@@ -113,8 +113,8 @@ class Settings(BaseSettings):
     # Database pool.
     # Sized so 32 concurrent requests per process reuse connections instead of opening and
     # closing overflow ones (bench/ingest.py measured +40 % single-event throughput).
-    db_pool_size: int = 24
-    db_max_overflow: int = 20
+    db_pool_size: int = 16
+    db_max_overflow: int = 8
 
     log_level: str = "INFO"
     log_json: bool = True

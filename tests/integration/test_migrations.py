@@ -60,7 +60,11 @@ def test_ledger_refuses_updates_and_deletes(database_url, db, make_key, client):
 
     from tests.support.events import STRUCTURED, auth, usage
 
-    client.post("/v1/events", content=json.dumps(usage()), headers=auth(make_key(), **STRUCTURED))
+    reply = client.post(
+        "/v1/events", content=json.dumps(usage()), headers=auth(make_key(), **STRUCTURED)
+    )
+    assert reply.status_code == 200, reply.text
+    assert db.execute("SELECT count(*) FROM ledger_entries").fetchone() == (1,)
     for statement in (
         "UPDATE ledger_entries SET amount_micros = 0",
         "DELETE FROM ledger_entries",
