@@ -14,6 +14,20 @@ TASK_SOFT_TIME_LIMIT_S = 120
 TASK_TIME_LIMIT_S = 150
 
 
+def transport_options(settings: Settings) -> dict[str, int]:
+    """Redelivery happens only after the visibility timeout: by default above every task's
+    hard limit. A test may set it lower; then unacknowledged messages are also looked for
+    every half timeout (kombu's default scan runs only every 100 s)."""
+    timeout = settings.broker_visibility_timeout_s
+    if timeout is None:
+        return {"visibility_timeout": TASK_TIME_LIMIT_S * 4}
+    return {
+        "visibility_timeout": timeout,
+        "unacked_restore_interval": max(1, timeout // 2),
+        "unacked_restore_throttle": 1,
+    }
+
+
 def create_celery(settings: Settings | None = None) -> Celery:
     settings = settings or load_settings()
     app = Celery("fairmeter", broker=settings.redis_url, include=["reconciler.tasks"])
@@ -26,8 +40,7 @@ def create_celery(settings: Settings | None = None) -> Celery:
         accept_content=["json"],
         task_soft_time_limit=TASK_SOFT_TIME_LIMIT_S,
         task_time_limit=TASK_TIME_LIMIT_S,
-        # Redelivery happens only after this; keep it above every task's hard limit.
-        broker_transport_options={"visibility_timeout": TASK_TIME_LIMIT_S * 4},
+        broker_transport_options=transport_options(settings),
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
         timezone="UTC",

@@ -225,6 +225,20 @@ def retry_later(conn: psycopg.Connection[Any], item: OutboxItem, error: str, at:
     )
 
 
+def defer_behind(conn: psycopg.Connection[Any], failed_id: int, ids: Sequence[int]) -> None:
+    """Unclaim ``ids`` (a customer's rows after ``failed_id``) and make them due no earlier
+    than that row's next attempt: the customer's order holds, and nothing waits for a
+    claim lease to expire."""
+    conn.execute(
+        """
+        UPDATE stripe_outbox SET claimed_until = NULL, next_attempt_at = GREATEST(
+            next_attempt_at, (SELECT next_attempt_at FROM stripe_outbox WHERE id = %(failed)s))
+        WHERE id = ANY(%(ids)s) AND status = 'pending'
+        """,
+        {"failed": failed_id, "ids": list(ids)},
+    )
+
+
 def mark_dead(conn: psycopg.Connection[Any], item: OutboxItem, error: str) -> None:
     conn.execute(
         "UPDATE stripe_outbox SET status = 'dead', attempts = attempts + 1, "

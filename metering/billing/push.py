@@ -118,8 +118,9 @@ class Pusher:
                     continue
                 for index in range(item.next_step, len(steps)):
                     outcome = self._send_step(item, index, steps[index], report=report)
-                    if outcome is None:
-                        return  # retry later; keep the customer's order
+                    if outcome is None:  # retry later; keep the customer's order
+                        self._defer_rest(item, items)
+                        return
                     if not isinstance(outcome, tuple):
                         break  # dead: later rows of the customer still go
                     received_at, note = outcome
@@ -131,6 +132,14 @@ class Pusher:
                     report.add(sent_rows=1)
         finally:
             self._record(done)
+
+    def _defer_rest(self, failed: outbox.OutboxItem, items: list[outbox.OutboxItem]) -> None:
+        """The customer's rows after ``failed`` wait for its next attempt, unclaimed: left
+        claimed, they would hold the whole customer back for a full push lease."""
+        rest = [i.id for i in items if i.id > failed.id]
+        if rest:
+            with raw_transaction(self._engine) as conn:
+                outbox.defer_behind(conn, failed.id, rest)
 
     def _record(
         self, done: list[tuple[outbox.OutboxItem, int, Step, datetime, str | None, bool]]
