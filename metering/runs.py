@@ -124,8 +124,8 @@ def get_run_view(conn: psycopg.Connection[Any], principal: Principal, subject: s
         status=status,
         outcome=in_force.outcome if in_force else None,
         gross_micros=int(gross),
-        billed_micros=_position(in_force)[0],
-        credited_micros=_position(in_force)[1],
+        billed_micros=_billed(in_force),
+        credited_micros=in_force.credited_micros if in_force else None,
         rule_ids=in_force.rule_ids if in_force else [],
         explanation=in_force.explanation if in_force else None,
         decisions=decisions,
@@ -142,11 +142,7 @@ def get_run_view(conn: psycopg.Connection[Any], principal: Principal, subject: s
     )
 
 
-def _position(decision: DecisionView | None) -> tuple[int | None, int | None]:
-    """What the ledger bills and credits: nothing yet while the run is held for review (its
-    provisional amounts stay visible in the decision history), like the statements show."""
+def _billed(decision: DecisionView | None) -> int | None:
     if decision is None:
-        return None, None
-    if decision.outcome == "held_for_review":
-        return 0, 0
-    return decision.billed_micros, decision.credited_micros
+        return None
+    return decision.billed_micros
