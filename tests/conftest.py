@@ -21,7 +21,8 @@ from metering.db import create_db_engine, raw_transaction
 from metering.keys import Scope
 from metering.keys_repo import create_key
 from metering.migrate import upgrade
-from metering.prices import insert_prices, read_catalog_file
+from metering.prices import insert_prices
+from tests.support.catalog import stable_prices
 from tests.support.services import (
     TEST_DATABASE,
     drop_database,
@@ -62,7 +63,7 @@ def database_url() -> Iterator[str]:
     url = recreate_database(server, TEST_DATABASE)
     upgrade(url)
     with psycopg.connect(url) as conn:
-        insert_prices(conn, read_catalog_file())
+        insert_prices(conn, stable_prices())
     yield url
     drop_database(server, TEST_DATABASE)
 

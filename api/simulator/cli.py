@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -52,6 +53,13 @@ def _rate(name: str, default: float, help_text: str) -> Callable[[F], F]:
     multiple=True,
     help="Customer ids to use (repeatable). Default: --customers fresh ids.",
 )
+@click.option(
+    "--prices",
+    "prices_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="The catalog CSV the server prices with (as for `prices load`). Default: the sample.",
+)
 @click.option("--progress/--no-progress", default=None, help="Default: on a terminal.")
 def simulate(
     runs: int,
@@ -69,6 +77,7 @@ def simulate(
     anchor: datetime | None,
     prefix: str | None,
     customer_ids: tuple[str, ...],
+    prices_file: Path | None,
     progress: bool | None,
 ) -> None:
     """Send simulated agent runs through the client and check every settlement.
@@ -86,12 +95,18 @@ def simulate(
     from api.simulator.simulation import SimulationConfig
     from api.simulator.simulation import simulate as run_simulation
     from metering.config import load_settings
+    from metering.errors import MeteringError
+    from metering.prices import read_catalog_file
     from metering.settlement.settle import policy_config
 
     settings = load_settings()
     moment = (anchor or datetime.now(UTC)).replace(microsecond=0)
     moment = moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
     run_prefix = prefix or default_run_prefix(seed, moment)
+    try:
+        prices = read_catalog_file(prices_file) if prices_file else None
+    except MeteringError as exc:
+        raise click.BadParameter(str(exc), param_hint="--prices") from exc
     try:
         rates = Rates(interrupt_rate, cancel_rate, abandon_rate, duplicate_rate)
     except ValueError as exc:
@@ -116,6 +131,7 @@ def simulate(
         settle_timeout_s=timeout_s,
         progress=sys.stderr.isatty() if progress is None else progress,
         policy=policy_config(settings),
+        prices=prices,
     )
     try:
         report = run_simulation(config)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from metering.prices import insert_prices
+from metering.pricing import Price, TokenClass
 from tests.support.events import BATCH, STRUCTURED, auth, event, usage
 
 
@@ -24,6 +27,34 @@ def test_structured_usage_event_is_accepted_and_held_at_catalog_price(client, ma
     # agent-large-1: 3 USD/Mtok input, 15 USD/Mtok output → 3,000 + 7,500 micros
     holds = db.execute("SELECT kind, amount_micros FROM ledger_entries").fetchall()
     assert holds == [("hold", 10_500)]
+
+
+def test_usage_is_held_at_the_price_in_force_at_its_own_time(client, make_key, db):
+    # A price change an hour ago, for a model of this test's own (prices outlive tests).
+    now = datetime.now(UTC)
+    old, new = now - timedelta(days=20), now - timedelta(hours=1)
+    insert_prices(
+        db,
+        [
+            Price("repriced-1", TokenClass.INPUT, 2_000_000, old),
+            Price("repriced-1", TokenClass.CACHED_INPUT, 200_000, old),
+            Price("repriced-1", TokenClass.OUTPUT, 8_000_000, old),
+            Price("repriced-1", TokenClass.INPUT, 1_000_000, new),
+            Price("repriced-1", TokenClass.CACHED_INPUT, 100_000, new),
+            Price("repriced-1", TokenClass.OUTPUT, 4_000_000, new),
+        ],
+    )
+    before = usage(model="repriced-1", id="before", time=now - timedelta(hours=1, seconds=1))
+    after = usage(model="repriced-1", id="after", time=now - timedelta(minutes=59))
+    reply = post(client, make_key(), [before, after], BATCH)
+    assert reply.status_code == 200, reply.text
+    holds = db.execute(
+        "SELECT e.event_id, l.amount_micros FROM ledger_entries l "
+        "JOIN usage_lines u ON u.id = l.usage_line_id JOIN events e ON e.id = u.event_pk "
+        "ORDER BY e.event_id"
+    ).fetchall()
+    # 1,000 input + 500 output tokens: 2,000 + 4,000 before the change, 1,000 + 2,000 after.
+    assert holds == [("after", 3_000), ("before", 6_000)]
 
 
 def test_retried_event_is_counted_once_and_reported_as_duplicate(client, make_key, db):

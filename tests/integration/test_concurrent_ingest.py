@@ -17,7 +17,7 @@ CLIENTS = 32
 EVENTS = 1000
 ROUNDS = 3
 BATCH = 50
-# Sample catalog prices in micro-USD per million tokens (metering/data/sample_prices.csv).
+# Test catalog prices in micro-USD per million tokens (tests/support/prices.csv).
 PRICES = {
     "agent-large-1": (3_000_000, 300_000, 15_000_000),
     "agent-small-1": (250_000, 25_000, 1_250_000),

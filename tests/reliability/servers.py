@@ -206,10 +206,11 @@ class PrivatePostgres:
 def fairmeter_database(server: PrivatePostgres, name: str = "fairmeter") -> str:
     """A database on ``server`` built like the suite's: migrations, then the price catalog."""
     from metering.migrate import upgrade
-    from metering.prices import insert_prices, read_catalog_file
+    from metering.prices import insert_prices
+    from tests.support.catalog import stable_prices
 
     url = server.create_database(name)
     upgrade(url)
     with psycopg.connect(url) as conn:
-        insert_prices(conn, read_catalog_file())
+        insert_prices(conn, stable_prices())
     return url
