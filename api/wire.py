@@ -42,6 +42,7 @@ class RunReply(msgspec.Struct):
     gross_micros: int
     billed_micros: int | None
     credited_micros: int | None
+    held_micros: int | None  # the whole gross while held for review, else 0
     rule_ids: list[str]
     explanation: str | None
     decisions: list[DecisionReply]

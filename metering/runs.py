@@ -11,6 +11,7 @@ import psycopg
 
 from metering.errors import not_found
 from metering.keys import Principal, Scope
+from metering.policy import HELD_FOR_REVIEW
 from metering.status import UNDER_REVIEW, EventFact, live_status
 
 
@@ -40,6 +41,7 @@ class RunView:
     gross_micros: int
     billed_micros: int | None
     credited_micros: int | None
+    held_micros: int | None
     rule_ids: list[str]
     explanation: str | None
     decisions: list[DecisionView]
@@ -111,6 +113,7 @@ def get_run_view(conn: psycopg.Connection[Any], principal: Principal, subject: s
     facts = [EventFact(*e) for e in conn.execute(RUN_EVENTS, (run_id,)).fetchall()]
     decisions = [DecisionView(*d) for d in conn.execute(RUN_DECISIONS, (run_id,)).fetchall()]
     in_force = decisions[-1] if decisions else None
+    billed, credited, held = ledger_position(in_force)
     if parked_at is not None:
         status = UNDER_REVIEW
     elif in_force is not None:
@@ -124,8 +127,9 @@ def get_run_view(conn: psycopg.Connection[Any], principal: Principal, subject: s
         status=status,
         outcome=in_force.outcome if in_force else None,
         gross_micros=int(gross),
-        billed_micros=_billed(in_force),
-        credited_micros=in_force.credited_micros if in_force else None,
+        billed_micros=billed,
+        credited_micros=credited,
+        held_micros=held,
         rule_ids=in_force.rule_ids if in_force else [],
         explanation=in_force.explanation if in_force else None,
         decisions=decisions,
@@ -142,7 +146,15 @@ def get_run_view(conn: psycopg.Connection[Any], principal: Principal, subject: s
     )
 
 
-def _billed(decision: DecisionView | None) -> int | None:
+def ledger_position(decision: DecisionView | None) -> tuple[int | None, int | None, int | None]:
+    """(billed, credited, held) as the ledger and the statements have them.
+
+    A run held for review (R7/R8) posts nothing until support resolves it, so its whole
+    gross is held, not billed; the policy's provisional split stays visible in the decision
+    history. ``None`` for all three until the run is first settled (DESIGN §6).
+    """
     if decision is None:
-        return None
-    return decision.billed_micros
+        return None, None, None
+    if decision.outcome == HELD_FOR_REVIEW:
+        return 0, 0, decision.gross_micros
+    return decision.billed_micros, decision.credited_micros, 0

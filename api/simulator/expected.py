@@ -26,6 +26,7 @@ from api.client.events import Draft, to_cloudevent
 from api.simulator.scenarios import Scenario
 from metering.ingest.validation import parse_rfc3339
 from metering.policy import (
+    HELD_FOR_REVIEW,
     PARTIALLY_CREDITED,
     REFUNDED,
     CustomerPeriod,
@@ -73,23 +74,27 @@ def cloudevents(scenario: Scenario, source: str) -> list[dict[str, Any]]:
 
 @dataclass(frozen=True)
 class Expectation:
-    """The decision the server must reach (amounts provisional when held, as the server's)."""
+    """What the server's run view must show once settled: a held run bills and credits
+    nothing yet, its whole gross is held (as the ledger and the statements have it)."""
 
     outcome: str
     status: str
     gross_micros: int
     billed_micros: int
     credited_micros: int
+    held_micros: int
     rule_ids: tuple[str, ...]
 
     @classmethod
     def of(cls, decision: Decision) -> Expectation:
+        held = decision.outcome == HELD_FOR_REVIEW
         return cls(
             decision.outcome,
             decision.status,
             decision.gross_micros,
-            decision.billed_micros,
-            decision.credited_micros,
+            0 if held else decision.billed_micros,
+            0 if held else decision.credited_micros,
+            decision.gross_micros if held else 0,
             decision.rule_ids,
         )
 

@@ -11,9 +11,17 @@ from api.simulator.expected import Expectation
 from api.simulator.plan import PlannedRun
 from api.simulator.send import Delivery
 from metering.money import format_usd
-from metering.policy import HELD_FOR_REVIEW, OUTCOMES
+from metering.policy import OUTCOMES
 
-COMPARED = ("outcome", "status", "gross_micros", "billed_micros", "credited_micros", "rule_ids")
+COMPARED = (
+    "outcome",
+    "status",
+    "gross_micros",
+    "billed_micros",
+    "credited_micros",
+    "held_micros",
+    "rule_ids",
+)
 NOT_SETTLED = "(not settled)"
 MAX_LISTED = 50
 
@@ -30,7 +38,7 @@ class Totals:
     gross_micros: int = 0
     billed_micros: int = 0  # of settled runs not held for review
     credited_micros: int = 0  # "restored": of settled runs not held for review
-    held_gross_micros: int = 0  # held runs bill nothing until support resolves them
+    held_micros: int = 0  # held runs bill nothing until support resolves them
 
 
 @dataclass
@@ -97,15 +105,11 @@ def compare(planned: Sequence[PlannedRun], actual: dict[str, dict[str, Any]]) ->
 
 
 def _totals(decisions: list[dict[str, Any]]) -> Totals:
-    gross = billed = credited = held = 0
-    for decision in decisions:
-        gross += int(decision.get("gross_micros") or 0)
-        if decision.get("outcome") == HELD_FOR_REVIEW:
-            held += int(decision.get("gross_micros") or 0)
-        elif decision.get("outcome") is not None:
-            billed += int(decision.get("billed_micros") or 0)
-            credited += int(decision.get("credited_micros") or 0)
-    return Totals(gross, billed, credited, held)
+    def total(name: str) -> int:
+        return sum(int(decision.get(name) or 0) for decision in decisions)
+
+    amounts = ("gross_micros", "billed_micros", "credited_micros", "held_micros")
+    return Totals(*(total(name) for name in amounts))
 
 
 def _outcome_of(reply: dict[str, Any] | None) -> str:
@@ -158,7 +162,7 @@ def _money_table(expected: Totals, actual: Totals) -> list[str]:
         ("gross", expected.gross_micros, actual.gross_micros),
         ("billed", expected.billed_micros, actual.billed_micros),
         ("restored (credited)", expected.credited_micros, actual.credited_micros),
-        ("held for review", expected.held_gross_micros, actual.held_gross_micros),
+        ("held for review", expected.held_micros, actual.held_micros),
     ]
     lines = [f"{'USD':<22}{'expected':>16}{'actual':>16}"]
     for name, ours, theirs in rows:

@@ -41,6 +41,7 @@ def test_run_with_events_flowing_is_still_running_with_tentative_gross(client, m
     # 3,000 + 7,500 for step 1; 6,000 + 3,000 (cached at 0.30 USD/Mtok) for step 2
     assert run["gross_micros"] == 19_500
     assert run["billed_micros"] is None and run["credited_micros"] is None
+    assert run["held_micros"] is None
     assert run["outcome"] is None
     assert run["event_counts"] == {"run.started": 1, "run.usage": 2}
     assert run["event_count"] == 3

@@ -57,6 +57,11 @@ def test_settle_now_settles_a_live_run_as_abandoned(client, make_key):
     assert run["settled"] is True
     assert run["outcome"] == "held_for_review"  # no terminal event, no verified interruption
     assert run["status"] == "Under review"
+    # Nothing is billed while held: the run shows the ledger's position, like statements do,
+    # and the policy's provisional split stays in the decision history.
+    assert (run["billed_micros"], run["credited_micros"]) == (0, 0)
+    assert run["held_micros"] == run["gross_micros"] > 0
+    assert run["decisions"][0]["billed_micros"] == run["gross_micros"]
 
 
 def test_late_event_marks_the_run_reopened_until_resettled(client, make_key):
