@@ -27,8 +27,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
     configure_logging(settings)
     services = Services.build(settings)
 
-    def shutdown() -> None:
-        services.close()
+    async def shutdown() -> None:
+        await services.close()
 
     return Litestar(
         route_handlers=[
@@ -47,7 +47,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         exception_handlers=EXCEPTION_HANDLERS,
         middleware=[
             latency_middleware,
-            rate_limit_middleware(services.redis, services.keys, settings),
+            rate_limit_middleware(services.redis_async, services.keys, settings),
         ],
         request_max_body_size=settings.max_body_bytes,
         on_shutdown=[shutdown],

@@ -7,9 +7,11 @@ from typing import Any
 
 import redis
 from litestar import Request
+from redis.asyncio import Redis as AsyncRedis
 from sqlalchemy.engine import Engine
 
 from api.auth import KeyStore, bearer_key, require_scope
+from api.ingest_group import GroupCommitter
 from metering.config import Settings
 from metering.db import create_db_engine, raw_transaction
 from metering.keys import Principal, Scope
@@ -23,6 +25,8 @@ class Services:
     keys: KeyStore
     catalogs: CatalogCache
     redis: redis.Redis
+    redis_async: AsyncRedis  # for the rate limiter, on the event loop
+    ingest_group: GroupCommitter | None  # None: one transaction per request
 
     @classmethod
     def build(cls, settings: Settings) -> Services:
@@ -40,12 +44,30 @@ class Services:
             redis=redis.Redis.from_url(
                 settings.redis_url, socket_timeout=2, socket_connect_timeout=2
             ),
+            redis_async=AsyncRedis.from_url(
+                settings.redis_url, socket_timeout=2, socket_connect_timeout=2
+            ),
+            ingest_group=GroupCommitter(
+                engine,
+                max_events=settings.ingest_group_max_events,
+                max_flushes=settings.ingest_group_flushes,
+            )
+            if settings.ingest_group_commit
+            else None,
         )
 
     def authenticate(self, request: Request[Any, Any, Any], *scopes: Scope) -> Principal:
         principal = self.keys.authenticate(bearer_key(request))
         return require_scope(principal, *scopes)
 
-    def close(self) -> None:
+    def authenticate_cached(
+        self, request: Request[Any, Any, Any], *scopes: Scope
+    ) -> Principal | None:
+        """``authenticate`` from the key cache alone: ``None`` when the database is needed."""
+        principal = self.keys.authenticate_cached(bearer_key(request))
+        return None if principal is None else require_scope(principal, *scopes)
+
+    async def close(self) -> None:
         self.engine.dispose()
         self.redis.close()
+        await self.redis_async.aclose()

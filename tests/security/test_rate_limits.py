@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
@@ -9,7 +10,9 @@ from typing import Any
 
 import httpx
 import pytest
+from redis.asyncio import Redis as AsyncRedis
 
+from api.ratelimit import RateLimiter, lease_size
 from metering.keys import Scope, generate_key
 from tests.security.conftest import client_with, serve, unique_prefix
 from tests.support.events import STRUCTURED, auth, usage
@@ -150,3 +153,89 @@ def test_a_served_api_keeps_ingesting_with_redis_down(settings, make_key, db, tm
         assert [r.status_code for r in replies] == [200, 200, 200]
         assert httpx.get(f"{api.base}/readyz", timeout=10).status_code == 503
     assert "Redis unavailable" in api.logs()
+
+
+# --- leases: large limits cost Redis one call per 1 % of the limit -----------------------
+
+
+def limiters(settings: Any, count: int, **limits: Any) -> tuple[list[RateLimiter], str]:
+    """``count`` limiters (as in that many API processes) on one real Redis and prefix."""
+    prefix = unique_prefix()
+    tuned = settings.model_copy(
+        update={"rate_limit_redis_prefix": prefix, "rate_limit_window_s": 60.0, **limits}
+    )
+    made = [
+        RateLimiter(AsyncRedis.from_url(settings.redis_url), keys=None, settings=tuned)  # type: ignore[arg-type]
+        for _ in range(count)
+    ]
+    return made, f"{prefix}:key:k1"
+
+
+def test_a_large_limit_is_counted_in_leases_of_one_percent(settings, redis_service_url):
+    async def run() -> tuple[list[int], list[int]]:
+        (limiter,), counter = limiters(settings, 1)
+        redis = AsyncRedis.from_url(redis_service_url)
+        remaining, counted = [], []
+        for _ in range(25):
+            verdict = await limiter.hit("key:k1", 1000)
+            assert verdict is not None and verdict.allowed
+            remaining.append(verdict.remaining)
+            counted.append(int(await redis.get(counter)))
+        await redis.aclose()
+        return remaining, counted
+
+    remaining, counted = asyncio.run(run())
+    assert lease_size(1000) == 10
+    assert remaining == list(range(999, 974, -1))  # exact, as if counted one by one
+    assert counted == [10] * 10 + [20] * 10 + [30] * 5  # one INCRBY per ten requests
+
+
+def test_processes_sharing_a_leased_limit_never_admit_more_than_it(settings):
+    async def run() -> tuple[int, int, list[int]]:
+        group, _ = limiters(settings, 3)
+        allowed = refused = 0
+        remaining = []
+        for i in range(400):  # round robin over three processes, limit 300 (leases of 3)
+            verdict = await group[i % 3].hit("key:k1", 300)
+            assert verdict is not None
+            allowed += verdict.allowed
+            refused += not verdict.allowed
+            if verdict.allowed:
+                remaining.append(verdict.remaining)
+        return allowed, refused, remaining
+
+    allowed, refused, remaining = asyncio.run(run())
+    assert 300 - 3 * lease_size(300) <= allowed <= 300  # at most a lease per process unspent
+    assert refused == 400 - allowed
+    assert min(remaining) >= 0 and len(set(remaining)) == len(remaining)  # no count twice
+
+
+def test_concurrent_requests_share_one_lease_instead_of_each_taking_one(
+    settings, redis_service_url
+):
+    async def run() -> tuple[list[bool], list[int], int]:
+        (limiter,), counter = limiters(settings, 1)
+        verdicts = await asyncio.gather(*(limiter.hit("key:k1", 1000) for _ in range(100)))
+        redis = AsyncRedis.from_url(redis_service_url)
+        counted = int(await redis.get(counter))
+        await redis.aclose()
+        return [v.allowed for v in verdicts if v], [v.remaining for v in verdicts if v], counted
+
+    allowed, remaining, counted = asyncio.run(run())
+    assert allowed == [True] * 100
+    assert sorted(remaining) == list(range(900, 1000))
+    assert counted == 100  # ten leases of ten, none wasted
+
+
+def test_a_spent_window_refuses_without_asking_redis_again(settings, redis_service_url):
+    async def run() -> tuple[list[bool], int]:
+        (limiter,), counter = limiters(settings, 1)
+        verdicts = [await limiter.hit("key:k1", 5) for _ in range(12)]
+        redis = AsyncRedis.from_url(redis_service_url)
+        counted = int(await redis.get(counter))
+        await redis.aclose()
+        return [bool(v and v.allowed) for v in verdicts], counted
+
+    allowed, counted = asyncio.run(run())
+    assert allowed == [True] * 5 + [False] * 7
+    assert counted == 6  # the first refusal asked Redis; the rest were refused locally
