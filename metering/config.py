@@ -67,6 +67,16 @@ class Settings(BaseSettings):
     max_future_skew_s: int = 300
     max_event_age_s: int = 35 * 24 * 3600
     max_json_depth: int = 32
+    # Group commit (api/ingest_group.py): requests of up to `ingest_group_request_events`
+    # events that arrive while an earlier group commits are stored together, up to
+    # `ingest_group_max_events` per transaction, `ingest_group_flushes` transactions in
+    # flight per API process. Larger requests amortise their own transaction and are
+    # stored alone, in parallel, so a big batch never holds up single events. Off: one
+    # transaction per request.
+    ingest_group_commit: bool = True
+    ingest_group_request_events: int = 50
+    ingest_group_max_events: int = 1000
+    ingest_group_flushes: int = 1
 
     # Settlement windows (DESIGN §2).
     settle_grace_s: int = 120

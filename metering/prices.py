@@ -85,6 +85,12 @@ class CatalogCache:
             return self.refresh()
         return self._catalog
 
+    def fresh(self) -> PriceCatalog | None:
+        """The cached catalog while it is within its TTL, else ``None`` (never loads)."""
+        if self._catalog is None or time.monotonic() - self._loaded_at > self._ttl_s:
+            return None
+        return self._catalog
+
     def refresh(self) -> PriceCatalog:
         with self._lock:
             self._catalog = self._loader()

@@ -57,6 +57,67 @@ def price_events(
     return prices, errors
 
 
+@dataclass(frozen=True, slots=True)
+class PreparedRequest:
+    """A request's events validated and priced: all that is left is to store them."""
+
+    tenant_id: str
+    events: Sequence[ValidEvent]
+    prices: dict[int, PricedUsage]  # by event index
+    single: bool
+    received_at: datetime
+
+
+def prepare_request(
+    request: IngestRequest, settings: Settings, catalogs: CatalogCache
+) -> PreparedRequest:
+    """Validate and price a request's events; raise on any bad event (nothing is stored)."""
+    valid = _validate(request, settings)
+    prices, errors = price_events(valid, catalogs.current(), single=request.single)
+    if errors:  # a model may have been added since the cache was filled
+        prices, errors = price_events(valid, catalogs.refresh(), single=request.single)
+    if errors:
+        raise validation_error(errors)
+    return PreparedRequest(request.tenant_id, valid, prices, request.single, request.received_at)
+
+
+def prepare_with_catalog(
+    request: IngestRequest, settings: Settings, catalog: PriceCatalog
+) -> PreparedRequest | None:
+    """``prepare_request`` with the catalog at hand and no database access: ``None`` when a
+    model is unknown to ``catalog``, which may be stale (``prepare_request`` reloads it)."""
+    valid = _validate(request, settings)
+    prices, errors = price_events(valid, catalog, single=request.single)
+    if errors:
+        return None
+    return PreparedRequest(request.tenant_id, valid, prices, request.single, request.received_at)
+
+
+def _validate(request: IngestRequest, settings: Settings) -> list[ValidEvent]:
+    window = time_window(settings, request.received_at)
+    valid, errors = validate_batch(request.events, window, single=request.single)
+    if errors:
+        raise validation_error(errors)
+    return valid
+
+
+def store_prepared(
+    conn: psycopg.Connection[Any],
+    prepared: PreparedRequest,
+    known_customers: set[str] | None = None,
+) -> IngestResult:
+    """Store one prepared request in the caller's transaction (see ``store_events``)."""
+    return store_events(
+        conn,
+        prepared.tenant_id,
+        prepared.events,
+        prepared.prices,
+        prepared.received_at,
+        known_customers=known_customers,
+        single=prepared.single,
+    )
+
+
 def ingest_events(
     conn: psycopg.Connection[Any],
     request: IngestRequest,
@@ -65,21 +126,5 @@ def ingest_events(
     known_customers: set[str] | None = None,
 ) -> IngestResult:
     """Validate and store a request's events atomically; raise on any bad event."""
-    window = time_window(settings, request.received_at)
-    valid, errors = validate_batch(request.events, window, single=request.single)
-    if errors:
-        raise validation_error(errors)
-    prices, errors = price_events(valid, catalogs.current(), single=request.single)
-    if errors:  # a model may have been added since the cache was filled
-        prices, errors = price_events(valid, catalogs.refresh(), single=request.single)
-    if errors:
-        raise validation_error(errors)
-    return store_events(
-        conn,
-        request.tenant_id,
-        valid,
-        prices,
-        request.received_at,
-        known_customers=known_customers,
-        single=request.single,
-    )
+    prepared = prepare_request(request, settings, catalogs)
+    return store_prepared(conn, prepared, known_customers)

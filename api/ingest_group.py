@@ -1,0 +1,124 @@
+"""The group committer: concurrent ingest requests of one API process share a transaction.
+
+Each request is validated and priced on its own, then handed to :class:`GroupCommitter`,
+which stores it together with the requests that arrived while earlier commits were in
+flight (:mod:`metering.ingest.group` says why this keeps every request's guarantees). A lone
+request is stored at once: grouping only happens when requests queue up anyway, so it adds
+no latency, and the reply still comes after the commit that holds the request's events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Sequence
+
+from anyio import to_thread
+from sqlalchemy.engine import Engine
+
+from metering.db import raw_transaction
+from metering.errors import MeteringError
+from metering.ingest.group import store_together
+from metering.ingest.service import PreparedRequest, store_prepared
+from metering.ingest.store import IngestResult
+
+Outcome = IngestResult | MeteringError
+Waiting = tuple[PreparedRequest, "asyncio.Future[IngestResult]"]
+
+
+def store_group(engine: Engine, requests: Sequence[PreparedRequest]) -> list[Outcome]:
+    """Each request's result or refusal; one transaction for all when none is refused.
+
+    A refused request (409 conflict, 422 customer mismatch) fails the combined statements,
+    so the group is rolled back and stored again one request per transaction: only the
+    refused request fails, as if it had come alone. Any other error (the database is down)
+    is raised for the whole group.
+    """
+    if len(requests) > 1:
+        try:
+            with raw_transaction(engine) as conn:
+                return list(store_together(conn, requests))
+        except MeteringError:
+            pass
+    return [_store_alone(engine, request) for request in requests]
+
+
+def _store_alone(engine: Engine, request: PreparedRequest) -> Outcome:
+    try:
+        with raw_transaction(engine) as conn:
+            return store_prepared(conn, request)
+    except MeteringError as exc:
+        return exc
+
+
+class GroupCommitter:
+    """Stores prepared requests, at most ``max_flushes`` transactions at a time per process.
+
+    Requests that arrive while that many are in flight wait for the next flush, which takes
+    them all (up to ``max_events`` events; a larger request goes alone). Lives on one event
+    loop; the database work runs in a worker thread.
+    """
+
+    def __init__(self, engine: Engine, *, max_events: int, max_flushes: int) -> None:
+        self._engine = engine
+        self._max_events = max(1, max_events)
+        self._max_flushes = max(1, max_flushes)
+        self._pending: deque[Waiting] = deque()
+        self._flushing = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.flushes = 0  # transactions started, and the requests they held: for tests
+        self.flushed_requests = 0
+
+    async def store(self, request: PreparedRequest) -> IngestResult:
+        """The request's result once committed; raises its refusal (a ``MeteringError``)."""
+        future: asyncio.Future[IngestResult] = asyncio.get_running_loop().create_future()
+        self._pending.append((request, future))
+        if self._flushing < self._max_flushes:
+            self._start_flush()
+        return await future
+
+    def _start_flush(self) -> None:
+        group: list[Waiting] = []
+        events = 0
+        while self._pending:
+            request, future = self._pending[0]
+            if group and events + len(request.events) > self._max_events:
+                break
+            self._pending.popleft()
+            if not future.done():  # a request whose client went away is not stored
+                group.append((request, future))
+                events += len(request.events)
+        if not group:
+            return
+        self._flushing += 1
+        self.flushes += 1
+        self.flushed_requests += len(group)
+        task = asyncio.get_running_loop().create_task(self._flush(group))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _flush(
+        self, group: list[tuple[PreparedRequest, asyncio.Future[IngestResult]]]
+    ) -> None:
+        outcomes: Sequence[Outcome | BaseException]
+        try:
+            outcomes = await to_thread.run_sync(store_group, self._engine, [r for r, _ in group])
+        except BaseException as exc:  # the database is down, or the loop is shutting down
+            outcomes = [exc] * len(group)
+        finally:
+            self._flushing -= 1
+        for (_, future), outcome in zip(group, outcomes, strict=True):
+            _settle(future, outcome)
+        if self._pending and self._flushing < self._max_flushes:
+            self._start_flush()
+
+
+def _settle(future: asyncio.Future[IngestResult], outcome: Outcome | BaseException) -> None:
+    if future.done():
+        return
+    if isinstance(outcome, asyncio.CancelledError):
+        future.cancel()
+    elif isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
