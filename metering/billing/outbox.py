@@ -133,79 +133,125 @@ def load_sent(conn: psycopg.Connection[Any], run_id: int) -> list[Sent]:
     return [Sent(*r) for r in rows]
 
 
-def lock_carry(conn: psycopg.Connection[Any], tenant: str, customer: str, period: str) -> Carry:
+def lock_carries(
+    conn: psycopg.Connection[Any], tenant: str, customer: str, periods: Sequence[str]
+) -> dict[str, Carry]:
+    """The customer's carries for ``periods``, created at zero if new, locked until commit
+    (one statement each for all periods: a customer's rows are planned together)."""
+    wanted = sorted(set(periods))  # one lock order for everyone
     conn.execute(
-        "INSERT INTO stripe_carries (tenant_id, customer_id, period) VALUES (%s, %s, %s) "
-        "ON CONFLICT DO NOTHING",
-        (tenant, customer, period),
+        "INSERT INTO stripe_carries (tenant_id, customer_id, period) "
+        "SELECT %s, %s, p FROM unnest(%s::text[]) AS p ON CONFLICT DO NOTHING",
+        (tenant, customer, wanted),
     )
-    row = conn.execute(
-        "SELECT meter_carry_micros, credit_carry_micros FROM stripe_carries "
-        "WHERE tenant_id = %s AND customer_id = %s AND period = %s FOR UPDATE",
-        (tenant, customer, period),
-    ).fetchone()
-    assert row is not None
-    return Carry(int(row[0]), int(row[1]))
+    rows = conn.execute(
+        "SELECT period, meter_carry_micros, credit_carry_micros FROM stripe_carries "
+        "WHERE tenant_id = %s AND customer_id = %s AND period = ANY(%s) "
+        "ORDER BY period FOR UPDATE",
+        (tenant, customer, wanted),
+    ).fetchall()
+    return {period: Carry(int(meter), int(credit)) for period, meter, credit in rows}
 
 
-def save_plan(
-    conn: psycopg.Connection[Any], item: OutboxItem, steps: list[Step], carry: Carry
-) -> None:
-    conn.execute(
-        "UPDATE stripe_carries SET meter_carry_micros = %s, credit_carry_micros = %s "
-        "WHERE tenant_id = %s AND customer_id = %s AND period = %s",
-        (carry.meter_micros, carry.credit_micros, item.tenant_id, item.customer_id, item.period),
-    )
-    conn.execute(
-        "UPDATE stripe_outbox SET plan = %s, next_step = 0 WHERE id = %s",
-        (Jsonb([s.as_json() for s in steps]), item.id),
-    )
-
-
-def record_step(
+def save_plans(
     conn: psycopg.Connection[Any],
-    item: OutboxItem,
-    index: int,
-    step: Step,
-    received_at: datetime,
-    note: str | None,
-    last: bool,
-    now: datetime,
+    tenant: str,
+    customer: str,
+    plans: Sequence[tuple[OutboxItem, list[Step]]],
+    carries: dict[str, Carry],
 ) -> None:
-    """The step took effect: record the delivery and move the row on, in one transaction."""
+    """Persist the plans of a customer's rows and the carries after them, before any call."""
+    conn.execute(
+        """
+        UPDATE stripe_carries c SET meter_carry_micros = u.m, credit_carry_micros = u.cr
+        FROM unnest(%s::text[], %s::bigint[], %s::bigint[]) AS u(p, m, cr)
+        WHERE c.tenant_id = %s AND c.customer_id = %s AND c.period = u.p
+        """,
+        (
+            list(carries),
+            [c.meter_micros for c in carries.values()],
+            [c.credit_micros for c in carries.values()],
+            tenant,
+            customer,
+        ),
+    )
+    conn.execute(
+        """
+        UPDATE stripe_outbox o SET plan = u.plan, next_step = 0
+        FROM unnest(%s::bigint[], %s::jsonb[]) AS u(id, plan) WHERE o.id = u.id
+        """,
+        (
+            [item.id for item, _ in plans],
+            [Jsonb([s.as_json() for s in steps]) for _, steps in plans],
+        ),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """A step that took effect at Stripe, to be recorded."""
+
+    item: OutboxItem
+    index: int
+    step: Step
+    received_at: datetime
+    note: str | None
+    last: bool  # the row's last step: the row is sent
+
+
+def record_deliveries(
+    conn: psycopg.Connection[Any], done: Sequence[Delivery], now: datetime
+) -> None:
+    """Record the deliveries and move their rows on, in one transaction and two statements
+    (in delivery order, so a run's deliveries keep their ids in the order they happened)."""
+    if not done:
+        return
+    _insert_deliveries(conn, done)
+    progress: dict[int, Delivery] = {}
+    for delivery in done:  # a row's steps are done in order: its latest one counts
+        progress[delivery.item.id] = delivery
+    conn.execute(
+        """
+        UPDATE stripe_outbox o SET next_step = u.next,
+            status = CASE WHEN u.last AND o.status = 'pending' THEN 'sent' ELSE o.status END,
+            completed_at = CASE WHEN u.last THEN %s ELSE o.completed_at END,
+            claimed_until = CASE WHEN u.last THEN NULL ELSE o.claimed_until END
+        FROM unnest(%s::bigint[], %s::int[], %s::bool[]) AS u(id, next, last)
+        WHERE o.id = u.id
+        """,
+        (
+            now,
+            list(progress),
+            [d.index + 1 for d in progress.values()],
+            [d.last for d in progress.values()],
+        ),
+    )
+
+
+def _insert_deliveries(conn: psycopg.Connection[Any], done: Sequence[Delivery]) -> None:
+    columns: list[list[Any]] = [[] for _ in range(13)]
+    for d in done:
+        stamp = datetime.fromtimestamp(d.step.timestamp, UTC) if d.step.timestamp else None
+        item, step = d.item, d.step
+        row: tuple[Any, ...] = (item.id, item.tenant_id, item.customer_id, item.run_id)
+        row += (step.kind, step.identifier, step.cancels_identifier, step.micros, step.units)
+        row += (step.cents, stamp, d.received_at, d.note)
+        for column, value in zip(columns, row, strict=True):
+            column.append(value)
     conn.execute(
         """
         INSERT INTO stripe_deliveries (outbox_id, tenant_id, customer_id, run_id, kind,
             identifier, cancels_identifier, micros, units, cents, event_timestamp,
             stripe_received_at, note)
-        VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+        SELECT o, t, c, r, k, i, ci, m, un, ce, ts, ra, n
+        FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::bigint[], %s::text[], %s::text[],
+                    %s::text[], %s::bigint[], %s::bigint[], %s::bigint[], %s::timestamptz[],
+                    %s::timestamptz[], %s::text[])
+             WITH ORDINALITY AS u(o, t, c, r, k, i, ci, m, un, ce, ts, ra, n, ord)
+        ORDER BY ord
         ON CONFLICT (kind, identifier) DO NOTHING
         """,
-        (
-            item.id,
-            item.tenant_id,
-            item.customer_id,
-            item.run_id,
-            step.kind,
-            step.identifier,
-            step.cancels_identifier,
-            step.micros,
-            step.units,
-            step.cents,
-            datetime.fromtimestamp(step.timestamp, UTC) if step.timestamp else None,
-            received_at,
-            note,
-        ),
-    )
-    conn.execute(
-        """
-        UPDATE stripe_outbox SET next_step = %s,
-            status = CASE WHEN %s AND status = 'pending' THEN 'sent' ELSE status END,
-            completed_at = CASE WHEN %s THEN %s ELSE completed_at END,
-            claimed_until = CASE WHEN %s THEN NULL ELSE claimed_until END
-        WHERE id = %s
-        """,
-        (index + 1, last, last, now, last, item.id),
+        columns,
     )
 
 
@@ -247,13 +293,15 @@ def mark_dead(conn: psycopg.Connection[Any], item: OutboxItem, error: str) -> No
     )
 
 
-def period_closed(conn: psycopg.Connection[Any], stripe_customer_id: str, moment: datetime) -> bool:
-    row = conn.execute(
-        "SELECT 1 FROM stripe_closed_periods WHERE stripe_customer_id = %s "
-        "AND period_start <= %s AND %s < period_end LIMIT 1",
-        (stripe_customer_id, moment, moment),
-    ).fetchone()
-    return row is not None
+def closed_periods(
+    conn: psycopg.Connection[Any], stripe_customer_id: str
+) -> list[tuple[datetime, datetime]]:
+    """The customer's invoice periods Stripe has finalized: ``(start, end)``."""
+    rows = conn.execute(
+        "SELECT period_start, period_end FROM stripe_closed_periods WHERE stripe_customer_id = %s",
+        (stripe_customer_id,),
+    ).fetchall()
+    return [(start, end) for start, end in rows]
 
 
 def release_waiting(conn: psycopg.Connection[Any], tenant: str, customer: str) -> int:

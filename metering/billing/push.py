@@ -22,7 +22,7 @@ from sqlalchemy.engine import Engine
 
 from metering.billing import outbox
 from metering.billing.gateway import StripeGateway, Verdict, classify
-from metering.billing.plan import PlanInput, Step, plan
+from metering.billing.plan import PlanInput, Step, plan, within_any
 from metering.config import Settings
 from metering.db import raw_transaction
 
@@ -103,11 +103,11 @@ class Pusher:
         return report
 
     def _push_customer(self, items: list[outbox.OutboxItem], report: PushReport) -> None:
-        """Send one customer's rows in order. Deliveries are recorded in small batches: a
-        crash before a batch is written only means the calls are repeated with the same
+        """Send one customer's rows in order. Deliveries are recorded in batches: a crash
+        before a batch is written only means the calls are repeated with the same
         identifiers and idempotency keys, which Stripe answers without a second effect."""
         plans = self._make_plans([i for i in items if i.plan is None])
-        done: list[tuple[outbox.OutboxItem, int, Step, datetime, str | None, bool]] = []
+        done: list[outbox.Delivery] = []
         try:
             for item in items:
                 steps = item.plan if item.plan is not None else plans[item.id]
@@ -123,9 +123,8 @@ class Pusher:
                         return
                     if not isinstance(outcome, tuple):
                         break  # dead: later rows of the customer still go
-                    received_at, note = outcome
                     last = index == len(steps) - 1
-                    done.append((item, index, steps[index], received_at, note, last))
+                    done.append(outbox.Delivery(item, index, steps[index], *outcome, last))
                     if len(done) >= RECORD_BATCH:
                         self._record(done)
                 else:
@@ -141,47 +140,49 @@ class Pusher:
             with raw_transaction(self._engine) as conn:
                 outbox.defer_behind(conn, failed.id, rest)
 
-    def _record(
-        self, done: list[tuple[outbox.OutboxItem, int, Step, datetime, str | None, bool]]
-    ) -> None:
+    def _record(self, done: list[outbox.Delivery]) -> None:
         if not done:
             return
         with raw_transaction(self._engine) as conn:
-            now = self._clock()
-            for item, index, step, received_at, note, last in done:
-                outbox.record_step(conn, item, index, step, received_at, note, last, now)
+            outbox.record_deliveries(conn, done, self._clock())
         done.clear()
 
     def _make_plans(self, items: list[outbox.OutboxItem]) -> dict[int, list[Step]]:
         """Plans for a customer's unplanned rows, persisted (with the carries) in one
-        transaction before any call, so a retry sends exactly the same requests."""
+        transaction before any call, so a retry sends exactly the same requests. The rows
+        are one customer's: its carries are read and locked once, planned through in row
+        order, and written back once."""
         if not items:
             return {}
-        now, settings, plans = self._clock(), self._settings, {}
+        now, settings, first = self._clock(), self._settings, items[0]
+        plans: list[tuple[outbox.OutboxItem, list[Step]]] = []
         with raw_transaction(self._engine) as conn:
             sent = outbox.load_sent_for_runs(conn, [i.run_id for i in items])
+            carries = outbox.lock_carries(
+                conn, first.tenant_id, first.customer_id, [i.period for i in items]
+            )
+            closed = []
+            if settings.stripe_allow_negative_meter_values:
+                closed = outbox.closed_periods(conn, first.stripe_customer_id)
             for item in items:
-                carry = outbox.lock_carry(conn, item.tenant_id, item.customer_id, item.period)
-                negative_ok = settings.stripe_allow_negative_meter_values and not (
-                    outbox.period_closed(conn, item.stripe_customer_id, item.event_timestamp)
-                )
-                steps, new_carry = plan(
+                steps, carries[item.period] = plan(
                     PlanInput(
                         run_id=item.run_id,
                         version=item.version,
                         target_micros=item.target_micros,
                         sent=sent.get(item.run_id, []),
                         now=now,
-                        carry=carry,
+                        carry=carries[item.period],
                         event_time=item.event_timestamp,
                         unit_micros=settings.stripe_meter_unit_micros,
                         cancel_window=timedelta(seconds=settings.stripe_cancel_window_s),
-                        negative_values_allowed=negative_ok,
+                        negative_values_allowed=settings.stripe_allow_negative_meter_values
+                        and not within_any(closed, item.event_timestamp),
                     )
                 )
-                outbox.save_plan(conn, item, steps, new_carry)
-                plans[item.id] = steps
-        return plans
+                plans.append((item, steps))
+            outbox.save_plans(conn, first.tenant_id, first.customer_id, plans, carries)
+        return {item.id: steps for item, steps in plans}
 
     def _send_step(
         self, item: outbox.OutboxItem, index: int, step: Step, *, report: PushReport
