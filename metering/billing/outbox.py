@@ -77,9 +77,17 @@ class OutboxItem:
 
 
 def claim(
-    conn: psycopg.Connection[Any], now: datetime, limit: int, lease: timedelta
+    conn: psycopg.Connection[Any],
+    now: datetime,
+    limit: int,
+    lease: timedelta,
+    max_customers: int | None = None,
 ) -> list[OutboxItem]:
-    """Claim due rows of customers no other pusher holds; a customer's rows in id order."""
+    """Claim due rows of customers no other pusher holds; a customer's rows in id order.
+
+    At most ``max_customers`` customers (those waiting longest) per claim, so concurrent
+    pushers split the customers between them instead of one taking a few rows of every
+    customer and leaving the others nothing to do until it finishes."""
     conn.execute("SELECT pg_advisory_xact_lock(%s)", (CLAIM_LOCK_KEY,))
     rows = conn.execute(
         """
@@ -87,21 +95,26 @@ def claim(
             SELECT DISTINCT tenant_id, customer_id FROM stripe_outbox
             WHERE status = 'pending' AND claimed_until > %(now)s
         ), due AS (
-            SELECT o.id FROM stripe_outbox o
+            SELECT o.id, o.tenant_id, o.customer_id FROM stripe_outbox o
             WHERE o.status = 'pending' AND o.next_attempt_at <= %(now)s
               AND (o.claimed_until IS NULL OR o.claimed_until <= %(now)s)
               AND NOT EXISTS (SELECT 1 FROM busy b WHERE b.tenant_id = o.tenant_id
                                                      AND b.customer_id = o.customer_id)
-            ORDER BY o.id LIMIT %(limit)s
+        ), chosen AS (
+            SELECT tenant_id, customer_id FROM due GROUP BY tenant_id, customer_id
+            ORDER BY min(id) LIMIT %(customers)s
+        ), picked AS (
+            SELECT d.id FROM due d JOIN chosen USING (tenant_id, customer_id)
+            ORDER BY d.id LIMIT %(limit)s
         )
         UPDATE stripe_outbox o SET claimed_until = %(until)s
-        FROM due, customers c
-        WHERE o.id = due.id AND c.tenant_id = o.tenant_id AND c.id = o.customer_id
+        FROM picked, customers c
+        WHERE o.id = picked.id AND c.tenant_id = o.tenant_id AND c.id = o.customer_id
         RETURNING o.id, o.tenant_id, o.customer_id, c.stripe_customer_id, o.run_id,
                   o.decision_version, o.target_billed_micros, o.period, o.event_timestamp,
                   o.plan, o.next_step, o.attempts
         """,
-        {"now": now, "limit": limit, "until": now + lease},
+        {"now": now, "limit": limit, "until": now + lease, "customers": max_customers},
     ).fetchall()
     items = [
         OutboxItem(

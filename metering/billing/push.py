@@ -28,6 +28,9 @@ from metering.db import raw_transaction
 
 log = logging.getLogger("fairmeter.stripe")
 RECORD_BATCH = 25
+# Customers claimed per round, per thread: enough that a thread never waits for work while
+# a round lasts, few enough that other pushers find customers of their own.
+CUSTOMERS_PER_THREAD = 2
 
 
 @dataclass
@@ -90,6 +93,7 @@ class Pusher:
                 self._clock(),
                 settings.stripe_push_batch_size,
                 timedelta(seconds=settings.stripe_push_lease_s),
+                max_customers=CUSTOMERS_PER_THREAD * settings.stripe_push_threads,
             )
         by_customer: dict[tuple[str, str], list[outbox.OutboxItem]] = {}
         for item in items:
