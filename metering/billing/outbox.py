@@ -146,46 +146,52 @@ def load_sent(conn: psycopg.Connection[Any], run_id: int) -> list[Sent]:
     return [Sent(*r) for r in rows]
 
 
-def lock_carries(
-    conn: psycopg.Connection[Any], tenant: str, customer: str, periods: Sequence[str]
-) -> dict[str, Carry]:
-    """The customer's carries for ``periods``, created at zero if new, locked until commit
-    (one statement each for all periods: a customer's rows are planned together)."""
-    wanted = sorted(set(periods))  # one lock order for everyone
+CarryKey = tuple[str, str, str]  # tenant, customer, period
+
+
+def carry_key(item: OutboxItem) -> CarryKey:
+    return (item.tenant_id, item.customer_id, item.period)
+
+
+def lock_carries(conn: psycopg.Connection[Any], keys: Sequence[CarryKey]) -> dict[CarryKey, Carry]:
+    """The carries for ``keys``, created at zero if new, locked until commit: two
+    statements for a whole round (one lock order for everyone: sorted)."""
+    wanted = sorted(set(keys))
+    columns = ([k[0] for k in wanted], [k[1] for k in wanted], [k[2] for k in wanted])
     conn.execute(
         "INSERT INTO stripe_carries (tenant_id, customer_id, period) "
-        "SELECT %s, %s, p FROM unnest(%s::text[]) AS p ON CONFLICT DO NOTHING",
-        (tenant, customer, wanted),
+        "SELECT * FROM unnest(%s::text[], %s::text[], %s::text[]) ON CONFLICT DO NOTHING",
+        columns,
     )
     rows = conn.execute(
-        "SELECT period, meter_carry_micros, credit_carry_micros FROM stripe_carries "
-        "WHERE tenant_id = %s AND customer_id = %s AND period = ANY(%s) "
-        "ORDER BY period FOR UPDATE",
-        (tenant, customer, wanted),
+        "SELECT tenant_id, customer_id, period, meter_carry_micros, credit_carry_micros "
+        "FROM stripe_carries WHERE (tenant_id, customer_id, period) IN "
+        "(SELECT * FROM unnest(%s::text[], %s::text[], %s::text[])) "
+        "ORDER BY tenant_id, customer_id, period FOR UPDATE",
+        columns,
     ).fetchall()
-    return {period: Carry(int(meter), int(credit)) for period, meter, credit in rows}
+    return {(t, c, p): Carry(int(meter), int(credit)) for t, c, p, meter, credit in rows}
 
 
 def save_plans(
     conn: psycopg.Connection[Any],
-    tenant: str,
-    customer: str,
     plans: Sequence[tuple[OutboxItem, list[Step]]],
-    carries: dict[str, Carry],
+    carries: dict[CarryKey, Carry],
 ) -> None:
-    """Persist the plans of a customer's rows and the carries after them, before any call."""
+    """Persist the rows' plans and the carries after them, before any call."""
     conn.execute(
         """
         UPDATE stripe_carries c SET meter_carry_micros = u.m, credit_carry_micros = u.cr
-        FROM unnest(%s::text[], %s::bigint[], %s::bigint[]) AS u(p, m, cr)
-        WHERE c.tenant_id = %s AND c.customer_id = %s AND c.period = u.p
+        FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[], %s::bigint[])
+             AS u(t, cu, p, m, cr)
+        WHERE c.tenant_id = u.t AND c.customer_id = u.cu AND c.period = u.p
         """,
         (
-            list(carries),
+            [k[0] for k in carries],
+            [k[1] for k in carries],
+            [k[2] for k in carries],
             [c.meter_micros for c in carries.values()],
             [c.credit_micros for c in carries.values()],
-            tenant,
-            customer,
         ),
     )
     conn.execute(
@@ -307,14 +313,18 @@ def mark_dead(conn: psycopg.Connection[Any], item: OutboxItem, error: str) -> No
 
 
 def closed_periods(
-    conn: psycopg.Connection[Any], stripe_customer_id: str
-) -> list[tuple[datetime, datetime]]:
-    """The customer's invoice periods Stripe has finalized: ``(start, end)``."""
+    conn: psycopg.Connection[Any], stripe_customer_ids: Sequence[str]
+) -> dict[str, list[tuple[datetime, datetime]]]:
+    """The invoice periods Stripe has finalized, ``(start, end)``, by Stripe customer."""
     rows = conn.execute(
-        "SELECT period_start, period_end FROM stripe_closed_periods WHERE stripe_customer_id = %s",
-        (stripe_customer_id,),
+        "SELECT stripe_customer_id, period_start, period_end FROM stripe_closed_periods "
+        "WHERE stripe_customer_id = ANY(%s)",
+        (sorted(set(stripe_customer_ids)),),
     ).fetchall()
-    return [(start, end) for start, end in rows]
+    closed: dict[str, list[tuple[datetime, datetime]]] = {}
+    for customer, start, end in rows:
+        closed.setdefault(customer, []).append((start, end))
+    return closed
 
 
 def release_waiting(conn: psycopg.Connection[Any], tenant: str, customer: str) -> int:
