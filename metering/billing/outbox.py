@@ -15,6 +15,7 @@ from metering.billing.plan import Carry, Sent, Step
 # Serialises claims, so two pushers never hold rows of the same customer at once (Stripe
 # allows one concurrent meter-event call per customer and meter).
 CLAIM_LOCK_KEY = 0x5717_BE00
+ALL_CUSTOMERS = 2**31 - 1
 
 
 def enqueue(
@@ -95,17 +96,18 @@ def claim(
             SELECT DISTINCT tenant_id, customer_id FROM stripe_outbox
             WHERE status = 'pending' AND claimed_until > %(now)s
         ), due AS (
-            SELECT o.id, o.tenant_id, o.customer_id FROM stripe_outbox o
+            SELECT o.id, min(o.id) OVER (PARTITION BY o.tenant_id, o.customer_id) AS first_id
+            FROM stripe_outbox o
             WHERE o.status = 'pending' AND o.next_attempt_at <= %(now)s
               AND (o.claimed_until IS NULL OR o.claimed_until <= %(now)s)
               AND NOT EXISTS (SELECT 1 FROM busy b WHERE b.tenant_id = o.tenant_id
                                                      AND b.customer_id = o.customer_id)
-        ), chosen AS (
-            SELECT tenant_id, customer_id FROM due GROUP BY tenant_id, customer_id
-            ORDER BY min(id) LIMIT %(customers)s
+        ), ranked AS (  -- customers numbered by their oldest due row: window sorts, no join
+            SELECT id, dense_rank() OVER (ORDER BY first_id) AS customer_rank FROM due
         ), picked AS (
-            SELECT d.id FROM due d JOIN chosen USING (tenant_id, customer_id)
-            ORDER BY d.id LIMIT %(limit)s
+            SELECT id FROM ranked
+            WHERE customer_rank <= %(customers)s
+            ORDER BY id LIMIT %(limit)s
         )
         UPDATE stripe_outbox o SET claimed_until = %(until)s
         FROM picked, customers c
@@ -114,7 +116,12 @@ def claim(
                   o.decision_version, o.target_billed_micros, o.period, o.event_timestamp,
                   o.plan, o.next_step, o.attempts
         """,
-        {"now": now, "limit": limit, "until": now + lease, "customers": max_customers},
+        {
+            "now": now,
+            "limit": limit,
+            "until": now + lease,
+            "customers": ALL_CUSTOMERS if max_customers is None else max_customers,
+        },
     ).fetchall()
     items = [
         OutboxItem(
