@@ -3,6 +3,10 @@
 Measures, in one run: (a) the emulator's own ceiling — the official SDK creating meter events
 directly from the same number of processes and threads, no database; (b) the real pusher
 draining outbox rows of settled runs (claim, plan, call, record), in the same processes.
+Both phases build their Stripe client with ``metering.billing.gateway.build_client`` (the same
+HTTP client, timeouts and retries) and send idempotency keys, so (a) is the ceiling of exactly
+the client configuration the pusher uses. Also reports the CPU time per event of each role
+(client processes, emulator, PostgreSQL backends), so it is plain where the time goes.
 Prints (b)/(a) and writes the result into docs/benchmarks.md. Target (issue #4): (b) ≥ 1,000
 events/s, Stripe's own live limit, so sync is never the bottleneck.
 
@@ -12,15 +16,20 @@ events/s, Stripe's own live limit, so sync is never the bottleneck.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
+import os
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
+import psutil
 import psycopg
 import stripe
 
@@ -77,47 +86,111 @@ def seed_outbox(url: str, rows: int, customers: list[tuple[str, str]]) -> None:
         )
 
 
-def raw_worker(args: tuple[str, list[str], int]) -> int:
-    url, customer_ids, per_thread = args
-    client = stripe.StripeClient(
-        "sk_test_bench", base_addresses={"api": url}, max_network_retries=0
-    )
-
-    def send(customer: str) -> int:
-        for i in range(per_thread):
-            client.v1.billing.meter_events.create(
-                params={
-                    "event_name": "fairmeter_billed_micros",
-                    "identifier": f"raw-{customer}-{i}",
-                    "payload": {"stripe_customer_id": customer, "value": "1"},
-                    "timestamp": int(time.time()) - 60,
-                }
-            )
-        return per_thread
-
-    with ThreadPoolExecutor(max_workers=len(customer_ids)) as pool:
-        return sum(pool.map(send, customer_ids))
-
-
-def push_worker(args: tuple[str, str]) -> int:
-    db_url, emulator = args
-    from metering.billing.push import Pusher
-
-    settings = Settings(
+def bench_settings(db_url: str, emulator: str) -> Settings:
+    """What both phases use: the pusher's settings, hence its Stripe client configuration."""
+    return Settings(
         database_url=db_url,
         stripe_api_base=emulator,
         stripe_push_threads=THREADS,
         stripe_push_batch_size=500,
     )
+
+
+def raw_worker(args: tuple[str, str, list[str], int]) -> tuple[int, float, float]:
+    """(events, finished at, CPU seconds): one thread and one client per customer."""
+    db_url, url, customer_ids, per_thread = args
+    from metering.billing.gateway import build_client
+
+    settings, started_cpu = bench_settings(db_url, url), time.process_time()
+
+    def send(customer: str) -> int:
+        client = build_client(settings)  # the pusher also keeps one client per thread
+        for i in range(per_thread):
+            client.v1.billing.meter_events.create(
+                params={
+                    "event_name": settings.stripe_meter_event_name,
+                    "identifier": f"raw-{customer}-{i}",
+                    "payload": {"stripe_customer_id": customer, "value": "1"},
+                    "timestamp": int(time.time()) - 60,
+                },
+                options={"idempotency_key": f"bench-raw:{customer}:{i}"},
+            )
+        return per_thread
+
+    with ThreadPoolExecutor(max_workers=len(customer_ids)) as pool:
+        sent = sum(pool.map(send, customer_ids))
+    return sent, time.time(), time.process_time() - started_cpu
+
+
+def push_worker(args: tuple[str, str]) -> tuple[int, float, float, float]:
+    """(rows, last delivery recorded at, CPU seconds, CPU seconds of its PostgreSQL backends)."""
+    db_url, emulator = args
+    from metering.billing.push import Pusher
+
+    settings, started_cpu = bench_settings(db_url, emulator), time.process_time()
     engine = create_db_engine(settings)
-    pusher, sent, idle = Pusher(engine, settings), 0, 0
+    pusher, sent, idle, finished = Pusher(engine, settings), 0, 0, time.time()
     while idle < 3:
         report = pusher.push_due()
         sent += report.sent_rows
         idle = idle + 1 if report.sent_rows == 0 else 0
         if report.sent_rows == 0:
             time.sleep(0.1)
-    return sent
+        else:
+            finished = time.time()
+    cpu = time.process_time() - started_cpu
+    return sent, finished, cpu, backend_cpu_s(engine)
+
+
+def backend_cpu_s(engine: Any) -> float:
+    """CPU seconds of the PostgreSQL backends in this process's pool (they live as long)."""
+    pids = []
+    for _ in range(engine.pool.checkedin()):
+        conn = engine.raw_connection()
+        pids.append(conn.driver_connection.info.backend_pid)
+    total = 0.0
+    for pid in set(pids):
+        with contextlib.suppress(psutil.Error):
+            times = psutil.Process(pid).cpu_times()
+            total += times.user + times.system
+    return total
+
+
+def process_cpu_s(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
+
+
+@dataclass(frozen=True)
+class Phase:
+    events: int
+    rate: float  # events per second, start to the last recorded event
+    client_us: float  # CPU per event: the client processes (SDK, pusher)
+    emulator_us: float
+    postgres_us: float
+
+    def cpu(self) -> str:
+        parts = f"client {self.client_us:,.0f}, emulator {self.emulator_us:,.0f}"
+        if self.postgres_us:
+            parts += f", PostgreSQL {self.postgres_us:,.0f}"
+        return f"CPU µs per event: {parts}"
+
+
+def measure(pool: Any, worker: Any, jobs: list[Any], emulator_pid: int) -> Phase:
+    """Run one phase on every pool process; the clock stops at the last event recorded."""
+    emulator_before, started = process_cpu_s(emulator_pid), time.time()
+    results = pool.map(worker, jobs)
+    emulator_s = process_cpu_s(emulator_pid) - emulator_before
+    events = sum(r[0] for r in results)
+    elapsed = max(r[1] for r in results) - started
+    postgres_s = sum(r[3] for r in results) if len(results[0]) > 3 else 0.0
+    return Phase(
+        events=events,
+        rate=events / elapsed,
+        client_us=sum(r[2] for r in results) / events * 1e6,
+        emulator_us=emulator_s / events * 1e6,
+        postgres_us=postgres_s / events * 1e6,
+    )
 
 
 def main() -> None:
@@ -157,26 +230,31 @@ def main() -> None:
         seed_outbox(db_url, args.rows, [(f"c{i}", cid) for i, cid in enumerate(ids)])
         per_process = [ids[p :: args.processes][:THREADS] for p in range(args.processes)]
         per_thread = args.rows // (args.processes * THREADS)
+        raw_jobs = [(db_url, url, c, per_thread) for c in per_process]
         with multiprocessing.get_context("spawn").Pool(args.processes) as pool:
-            started = time.perf_counter()
-            raw_sent = sum(pool.map(raw_worker, [(url, c, per_thread) for c in per_process]))
-            raw_rate = raw_sent / (time.perf_counter() - started)
-            started = time.perf_counter()
-            pushed = sum(pool.map(push_worker, [(db_url, url)] * args.processes))
-            push_rate = pushed / (time.perf_counter() - started - 0.3)
+            pool.map(abs, range(args.processes))  # both phases start with warm processes
+            raw = measure(pool, raw_worker, raw_jobs, emulator.pid)
+            push = measure(pool, push_worker, [(db_url, url)] * args.processes, emulator.pid)
     finally:
         emulator.terminate()
         emulator.wait(timeout=10)
-    ratio = push_rate / raw_rate
-    print(f"(a) raw SDK → emulator: {raw_rate:,.0f} events/s ({raw_sent} events)")
-    print(f"(b) outbox pusher → emulator: {push_rate:,.0f} rows/s ({pushed} rows)")
+    ratio = push.rate / raw.rate
+    print(f"(a) SDK → emulator: {raw.rate:,.0f} events/s ({raw.events} events); {raw.cpu()}")
     print(
-        f"(b)/(a) = {ratio:.2f}; target (b) ≥ 1,000/s: {'met' if push_rate >= 1000 else 'MISSED'}"
+        f"(b) outbox pusher → emulator: {push.rate:,.0f} rows/s ({push.events} rows); {push.cpu()}"
     )
-    write_report(args, raw_rate, push_rate, ratio)
+    print(
+        f"(b)/(a) = {ratio:.2f}; target (b) ≥ 1,000/s: {'met' if push.rate >= 1000 else 'MISSED'}"
+    )
+    print(f"load average (1 min) after the run: {os.getloadavg()[0]:.2f}")
+    write_report(args, raw, push, ratio)
 
 
-def write_report(args: argparse.Namespace, raw: float, push: float, ratio: float) -> None:
+def write_report(args: argparse.Namespace, raw: Phase, push: Phase, ratio: float) -> None:
+    def cpu(phase: Phase) -> str:
+        db = f"{phase.postgres_us:,.0f}" if phase.postgres_us else "—"
+        return f"{phase.client_us:,.0f} / {phase.emulator_us:,.0f} / {db}"
+
     section = "\n".join(
         [
             START,
@@ -184,18 +262,21 @@ def write_report(args: argparse.Namespace, raw: float, push: float, ratio: float
             "",
             f"Command: `uv run python bench/stripe_sync.py --rows {args.rows} --customers "
             f"{args.customers} --processes {args.processes}` — {datetime.now(UTC):%Y-%m-%d %H:%M}"
-            " UTC, 2 shared cores (emulator, PostgreSQL and the clients share them).",
+            " UTC, 2 shared cores (emulator, PostgreSQL and the clients share them); load "
+            f"average (1 min) after the run: {os.getloadavg()[0]:.2f}.",
             "",
-            "| measurement | rate | ratio | target |",
-            "|---|---|---|---|",
+            "| measurement | rate | ratio | CPU µs per event: clients / emulator / PostgreSQL "
+            "| target |",
+            "|---|---|---|---|---|",
             f"| (a) official SDK → emulator, {args.processes} processes × {THREADS} threads, "
-            f"no database | {raw:,.0f} events/s | 1.00 | — |",
+            f"no database | {raw.rate:,.0f} events/s | 1.00 | {cpu(raw)} | — |",
             f"| (b) outbox pusher (claim, plan, call, record) → emulator, same processes | "
-            f"{push:,.0f} rows/s | {ratio:.2f} | ≥ 1,000/s: "
-            f"{'met' if push >= 1000 else 'missed'} |",
+            f"{push.rate:,.0f} rows/s | {ratio:.2f} | {cpu(push)} | ≥ 1,000/s: "
+            f"{'met' if push.rate >= 1000 else 'missed'} |",
             "",
             "Each row is one meter event; the pusher keeps one call in flight per customer "
-            "(Stripe's rule) and records every delivery in PostgreSQL.",
+            "(Stripe's rule) and records every delivery in PostgreSQL. Both phases use the "
+            "pusher's own Stripe client (`build_client`) and send idempotency keys.",
             END,
         ]
     )

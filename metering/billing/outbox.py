@@ -15,6 +15,7 @@ from metering.billing.plan import Carry, Sent, Step
 # Serialises claims, so two pushers never hold rows of the same customer at once (Stripe
 # allows one concurrent meter-event call per customer and meter).
 CLAIM_LOCK_KEY = 0x5717_BE00
+ALL_CUSTOMERS = 2**31 - 1
 
 
 def enqueue(
@@ -77,9 +78,17 @@ class OutboxItem:
 
 
 def claim(
-    conn: psycopg.Connection[Any], now: datetime, limit: int, lease: timedelta
+    conn: psycopg.Connection[Any],
+    now: datetime,
+    limit: int,
+    lease: timedelta,
+    max_customers: int | None = None,
 ) -> list[OutboxItem]:
-    """Claim due rows of customers no other pusher holds; a customer's rows in id order."""
+    """Claim due rows of customers no other pusher holds; a customer's rows in id order.
+
+    At most ``max_customers`` customers (those waiting longest) per claim, so concurrent
+    pushers split the customers between them instead of one taking a few rows of every
+    customer and leaving the others nothing to do until it finishes."""
     conn.execute("SELECT pg_advisory_xact_lock(%s)", (CLAIM_LOCK_KEY,))
     rows = conn.execute(
         """
@@ -87,21 +96,32 @@ def claim(
             SELECT DISTINCT tenant_id, customer_id FROM stripe_outbox
             WHERE status = 'pending' AND claimed_until > %(now)s
         ), due AS (
-            SELECT o.id FROM stripe_outbox o
+            SELECT o.id, min(o.id) OVER (PARTITION BY o.tenant_id, o.customer_id) AS first_id
+            FROM stripe_outbox o
             WHERE o.status = 'pending' AND o.next_attempt_at <= %(now)s
               AND (o.claimed_until IS NULL OR o.claimed_until <= %(now)s)
               AND NOT EXISTS (SELECT 1 FROM busy b WHERE b.tenant_id = o.tenant_id
                                                      AND b.customer_id = o.customer_id)
-            ORDER BY o.id LIMIT %(limit)s
+        ), ranked AS (  -- customers numbered by their oldest due row: window sorts, no join
+            SELECT id, dense_rank() OVER (ORDER BY first_id) AS customer_rank FROM due
+        ), picked AS (
+            SELECT id FROM ranked
+            WHERE customer_rank <= %(customers)s
+            ORDER BY id LIMIT %(limit)s
         )
         UPDATE stripe_outbox o SET claimed_until = %(until)s
-        FROM due, customers c
-        WHERE o.id = due.id AND c.tenant_id = o.tenant_id AND c.id = o.customer_id
+        FROM picked, customers c
+        WHERE o.id = picked.id AND c.tenant_id = o.tenant_id AND c.id = o.customer_id
         RETURNING o.id, o.tenant_id, o.customer_id, c.stripe_customer_id, o.run_id,
                   o.decision_version, o.target_billed_micros, o.period, o.event_timestamp,
                   o.plan, o.next_step, o.attempts
         """,
-        {"now": now, "limit": limit, "until": now + lease},
+        {
+            "now": now,
+            "limit": limit,
+            "until": now + lease,
+            "customers": ALL_CUSTOMERS if max_customers is None else max_customers,
+        },
     ).fetchall()
     items = [
         OutboxItem(
@@ -133,79 +153,131 @@ def load_sent(conn: psycopg.Connection[Any], run_id: int) -> list[Sent]:
     return [Sent(*r) for r in rows]
 
 
-def lock_carry(conn: psycopg.Connection[Any], tenant: str, customer: str, period: str) -> Carry:
+CarryKey = tuple[str, str, str]  # tenant, customer, period
+
+
+def carry_key(item: OutboxItem) -> CarryKey:
+    return (item.tenant_id, item.customer_id, item.period)
+
+
+def lock_carries(conn: psycopg.Connection[Any], keys: Sequence[CarryKey]) -> dict[CarryKey, Carry]:
+    """The carries for ``keys``, created at zero if new, locked until commit: two
+    statements for a whole round (one lock order for everyone: sorted)."""
+    wanted = sorted(set(keys))
+    columns = ([k[0] for k in wanted], [k[1] for k in wanted], [k[2] for k in wanted])
     conn.execute(
-        "INSERT INTO stripe_carries (tenant_id, customer_id, period) VALUES (%s, %s, %s) "
-        "ON CONFLICT DO NOTHING",
-        (tenant, customer, period),
+        "INSERT INTO stripe_carries (tenant_id, customer_id, period) "
+        "SELECT * FROM unnest(%s::text[], %s::text[], %s::text[]) ON CONFLICT DO NOTHING",
+        columns,
     )
-    row = conn.execute(
-        "SELECT meter_carry_micros, credit_carry_micros FROM stripe_carries "
-        "WHERE tenant_id = %s AND customer_id = %s AND period = %s FOR UPDATE",
-        (tenant, customer, period),
-    ).fetchone()
-    assert row is not None
-    return Carry(int(row[0]), int(row[1]))
+    rows = conn.execute(
+        "SELECT tenant_id, customer_id, period, meter_carry_micros, credit_carry_micros "
+        "FROM stripe_carries WHERE (tenant_id, customer_id, period) IN "
+        "(SELECT * FROM unnest(%s::text[], %s::text[], %s::text[])) "
+        "ORDER BY tenant_id, customer_id, period FOR UPDATE",
+        columns,
+    ).fetchall()
+    return {(t, c, p): Carry(int(meter), int(credit)) for t, c, p, meter, credit in rows}
 
 
-def save_plan(
-    conn: psycopg.Connection[Any], item: OutboxItem, steps: list[Step], carry: Carry
-) -> None:
-    conn.execute(
-        "UPDATE stripe_carries SET meter_carry_micros = %s, credit_carry_micros = %s "
-        "WHERE tenant_id = %s AND customer_id = %s AND period = %s",
-        (carry.meter_micros, carry.credit_micros, item.tenant_id, item.customer_id, item.period),
-    )
-    conn.execute(
-        "UPDATE stripe_outbox SET plan = %s, next_step = 0 WHERE id = %s",
-        (Jsonb([s.as_json() for s in steps]), item.id),
-    )
-
-
-def record_step(
+def save_plans(
     conn: psycopg.Connection[Any],
-    item: OutboxItem,
-    index: int,
-    step: Step,
-    received_at: datetime,
-    note: str | None,
-    last: bool,
-    now: datetime,
+    plans: Sequence[tuple[OutboxItem, list[Step]]],
+    carries: dict[CarryKey, Carry],
 ) -> None:
-    """The step took effect: record the delivery and move the row on, in one transaction."""
+    """Persist the rows' plans and the carries after them, before any call."""
+    conn.execute(
+        """
+        UPDATE stripe_carries c SET meter_carry_micros = u.m, credit_carry_micros = u.cr
+        FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[], %s::bigint[])
+             AS u(t, cu, p, m, cr)
+        WHERE c.tenant_id = u.t AND c.customer_id = u.cu AND c.period = u.p
+        """,
+        (
+            [k[0] for k in carries],
+            [k[1] for k in carries],
+            [k[2] for k in carries],
+            [c.meter_micros for c in carries.values()],
+            [c.credit_micros for c in carries.values()],
+        ),
+    )
+    conn.execute(
+        """
+        UPDATE stripe_outbox o SET plan = u.plan, next_step = 0
+        FROM unnest(%s::bigint[], %s::jsonb[]) AS u(id, plan) WHERE o.id = u.id
+        """,
+        (
+            [item.id for item, _ in plans],
+            [Jsonb([s.as_json() for s in steps]) for _, steps in plans],
+        ),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """A step that took effect at Stripe, to be recorded."""
+
+    item: OutboxItem
+    index: int
+    step: Step
+    received_at: datetime
+    note: str | None
+    last: bool  # the row's last step: the row is sent
+
+
+def record_deliveries(
+    conn: psycopg.Connection[Any], done: Sequence[Delivery], now: datetime
+) -> None:
+    """Record the deliveries and move their rows on, in one transaction and two statements
+    (in delivery order, so a run's deliveries keep their ids in the order they happened)."""
+    if not done:
+        return
+    _insert_deliveries(conn, done)
+    progress: dict[int, Delivery] = {}
+    for delivery in done:  # a row's steps are done in order: its latest one counts
+        progress[delivery.item.id] = delivery
+    conn.execute(
+        """
+        UPDATE stripe_outbox o SET next_step = u.next,
+            status = CASE WHEN u.last AND o.status = 'pending' THEN 'sent' ELSE o.status END,
+            completed_at = CASE WHEN u.last THEN %s ELSE o.completed_at END,
+            claimed_until = CASE WHEN u.last THEN NULL ELSE o.claimed_until END
+        FROM unnest(%s::bigint[], %s::int[], %s::bool[]) AS u(id, next, last)
+        WHERE o.id = u.id
+        """,
+        (
+            now,
+            list(progress),
+            [d.index + 1 for d in progress.values()],
+            [d.last for d in progress.values()],
+        ),
+    )
+
+
+def _insert_deliveries(conn: psycopg.Connection[Any], done: Sequence[Delivery]) -> None:
+    columns: list[list[Any]] = [[] for _ in range(13)]
+    for d in done:
+        stamp = datetime.fromtimestamp(d.step.timestamp, UTC) if d.step.timestamp else None
+        item, step = d.item, d.step
+        row: tuple[Any, ...] = (item.id, item.tenant_id, item.customer_id, item.run_id)
+        row += (step.kind, step.identifier, step.cancels_identifier, step.micros, step.units)
+        row += (step.cents, stamp, d.received_at, d.note)
+        for column, value in zip(columns, row, strict=True):
+            column.append(value)
     conn.execute(
         """
         INSERT INTO stripe_deliveries (outbox_id, tenant_id, customer_id, run_id, kind,
             identifier, cancels_identifier, micros, units, cents, event_timestamp,
             stripe_received_at, note)
-        VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+        SELECT o, t, c, r, k, i, ci, m, un, ce, ts, ra, n
+        FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::bigint[], %s::text[], %s::text[],
+                    %s::text[], %s::bigint[], %s::bigint[], %s::bigint[], %s::timestamptz[],
+                    %s::timestamptz[], %s::text[])
+             WITH ORDINALITY AS u(o, t, c, r, k, i, ci, m, un, ce, ts, ra, n, ord)
+        ORDER BY ord
         ON CONFLICT (kind, identifier) DO NOTHING
         """,
-        (
-            item.id,
-            item.tenant_id,
-            item.customer_id,
-            item.run_id,
-            step.kind,
-            step.identifier,
-            step.cancels_identifier,
-            step.micros,
-            step.units,
-            step.cents,
-            datetime.fromtimestamp(step.timestamp, UTC) if step.timestamp else None,
-            received_at,
-            note,
-        ),
-    )
-    conn.execute(
-        """
-        UPDATE stripe_outbox SET next_step = %s,
-            status = CASE WHEN %s AND status = 'pending' THEN 'sent' ELSE status END,
-            completed_at = CASE WHEN %s THEN %s ELSE completed_at END,
-            claimed_until = CASE WHEN %s THEN NULL ELSE claimed_until END
-        WHERE id = %s
-        """,
-        (index + 1, last, last, now, last, item.id),
+        columns,
     )
 
 
@@ -247,13 +319,19 @@ def mark_dead(conn: psycopg.Connection[Any], item: OutboxItem, error: str) -> No
     )
 
 
-def period_closed(conn: psycopg.Connection[Any], stripe_customer_id: str, moment: datetime) -> bool:
-    row = conn.execute(
-        "SELECT 1 FROM stripe_closed_periods WHERE stripe_customer_id = %s "
-        "AND period_start <= %s AND %s < period_end LIMIT 1",
-        (stripe_customer_id, moment, moment),
-    ).fetchone()
-    return row is not None
+def closed_periods(
+    conn: psycopg.Connection[Any], stripe_customer_ids: Sequence[str]
+) -> dict[str, list[tuple[datetime, datetime]]]:
+    """The invoice periods Stripe has finalized, ``(start, end)``, by Stripe customer."""
+    rows = conn.execute(
+        "SELECT stripe_customer_id, period_start, period_end FROM stripe_closed_periods "
+        "WHERE stripe_customer_id = ANY(%s)",
+        (sorted(set(stripe_customer_ids)),),
+    ).fetchall()
+    closed: dict[str, list[tuple[datetime, datetime]]] = {}
+    for customer, start, end in rows:
+        closed.setdefault(customer, []).append((start, end))
+    return closed
 
 
 def release_waiting(conn: psycopg.Connection[Any], tenant: str, customer: str) -> int:

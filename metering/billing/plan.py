@@ -90,6 +90,11 @@ def meter_timestamp(event_time: datetime, now: datetime) -> int:
     return int(min(max(event_time, now - MAX_METER_AGE), now).timestamp())
 
 
+def within_any(periods: Sequence[tuple[datetime, datetime]], moment: datetime) -> bool:
+    """Whether ``moment`` lies in one of the half-open periods ``[start, end)``."""
+    return any(start <= moment < end for start, end in periods)
+
+
 def identifier_for(run_id: int, version: int) -> str:
     """DESIGN §5: ``run:<run>:v<version>`` (well under Stripe's 100 characters)."""
     return f"run:{run_id}:v{version}"

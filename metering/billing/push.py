@@ -22,12 +22,15 @@ from sqlalchemy.engine import Engine
 
 from metering.billing import outbox
 from metering.billing.gateway import StripeGateway, Verdict, classify
-from metering.billing.plan import PlanInput, Step, plan
+from metering.billing.plan import Carry, PlanInput, Sent, Step, plan, within_any
 from metering.config import Settings
 from metering.db import raw_transaction
 
 log = logging.getLogger("fairmeter.stripe")
-RECORD_BATCH = 25
+RECORD_BATCH = 50
+# Customers claimed per round, per thread: enough that a thread never waits for work while
+# a round lasts, few enough that other pushers find customers of their own.
+CUSTOMERS_PER_THREAD = 2
 
 
 @dataclass
@@ -74,40 +77,52 @@ class Pusher:
         return gateway
 
     def push_due(self) -> PushReport:
-        """One drain: claim due rows, send them, record every outcome."""
+        """One drain: claim due rows, plan the new ones, send them, record every outcome."""
         settings = self._settings
-        if not self._meter_ready:
-            # Stripe refuses meter events for an event name without a meter: create it once.
-            try:
-                self._gateway().meter_id(create=True)
-            except Exception as exc:  # Stripe unreachable: nothing can be sent this round
-                log.warning("stripe meter setup failed; will retry", extra={"error": str(exc)})
-                return PushReport(errors=[f"{type(exc).__name__}: {exc}"])
-            self._meter_ready = True
+        failure = self._ensure_meter()
+        if failure is not None:
+            return failure
         with raw_transaction(self._engine) as conn:
             items = outbox.claim(
                 conn,
                 self._clock(),
                 settings.stripe_push_batch_size,
                 timedelta(seconds=settings.stripe_push_lease_s),
+                max_customers=CUSTOMERS_PER_THREAD * settings.stripe_push_threads,
             )
+        plans = self._make_plans([i for i in items if i.plan is None])
         by_customer: dict[tuple[str, str], list[outbox.OutboxItem]] = {}
         for item in items:
             by_customer.setdefault((item.tenant_id, item.customer_id), []).append(item)
         report = PushReport()
         with ThreadPoolExecutor(max_workers=settings.stripe_push_threads) as pool:
             for future in [
-                pool.submit(self._push_customer, rows, report) for rows in by_customer.values()
+                pool.submit(self._push_customer, rows, plans, report)
+                for rows in by_customer.values()
             ]:
                 future.result()
         return report
 
-    def _push_customer(self, items: list[outbox.OutboxItem], report: PushReport) -> None:
-        """Send one customer's rows in order. Deliveries are recorded in small batches: a
-        crash before a batch is written only means the calls are repeated with the same
+    def _ensure_meter(self) -> PushReport | None:
+        """Stripe refuses meter events for an event name without a meter: create it once.
+        Returns the round's report when Stripe is unreachable (nothing can be sent)."""
+        if self._meter_ready:
+            return None
+        try:
+            self._gateway().meter_id(create=True)
+        except Exception as exc:
+            log.warning("stripe meter setup failed; will retry", extra={"error": str(exc)})
+            return PushReport(errors=[f"{type(exc).__name__}: {exc}"])
+        self._meter_ready = True
+        return None
+
+    def _push_customer(
+        self, items: list[outbox.OutboxItem], plans: dict[int, list[Step]], report: PushReport
+    ) -> None:
+        """Send one customer's rows in order. Deliveries are recorded in batches: a crash
+        before a batch is written only means the calls are repeated with the same
         identifiers and idempotency keys, which Stripe answers without a second effect."""
-        plans = self._make_plans([i for i in items if i.plan is None])
-        done: list[tuple[outbox.OutboxItem, int, Step, datetime, str | None, bool]] = []
+        done: list[outbox.Delivery] = []
         try:
             for item in items:
                 steps = item.plan if item.plan is not None else plans[item.id]
@@ -123,9 +138,8 @@ class Pusher:
                         return
                     if not isinstance(outcome, tuple):
                         break  # dead: later rows of the customer still go
-                    received_at, note = outcome
                     last = index == len(steps) - 1
-                    done.append((item, index, steps[index], received_at, note, last))
+                    done.append(outbox.Delivery(item, index, steps[index], *outcome, last))
                     if len(done) >= RECORD_BATCH:
                         self._record(done)
                 else:
@@ -141,47 +155,61 @@ class Pusher:
             with raw_transaction(self._engine) as conn:
                 outbox.defer_behind(conn, failed.id, rest)
 
-    def _record(
-        self, done: list[tuple[outbox.OutboxItem, int, Step, datetime, str | None, bool]]
-    ) -> None:
+    def _record(self, done: list[outbox.Delivery]) -> None:
         if not done:
             return
         with raw_transaction(self._engine) as conn:
-            now = self._clock()
-            for item, index, step, received_at, note, last in done:
-                outbox.record_step(conn, item, index, step, received_at, note, last, now)
+            outbox.record_deliveries(conn, done, self._clock())
         done.clear()
 
     def _make_plans(self, items: list[outbox.OutboxItem]) -> dict[int, list[Step]]:
-        """Plans for a customer's unplanned rows, persisted (with the carries) in one
-        transaction before any call, so a retry sends exactly the same requests."""
+        """Plans for the round's unplanned rows, persisted (with the carries) in one
+        transaction before any call, so a retry sends exactly the same requests. Carries
+        are read and locked once, planned through in row order (so each customer's rows
+        in order), and written back once."""
         if not items:
             return {}
-        now, settings, plans = self._clock(), self._settings, {}
+        now, settings = self._clock(), self._settings
+        plans: list[tuple[outbox.OutboxItem, list[Step]]] = []
         with raw_transaction(self._engine) as conn:
             sent = outbox.load_sent_for_runs(conn, [i.run_id for i in items])
+            carries = outbox.lock_carries(conn, [outbox.carry_key(i) for i in items])
+            closed: dict[str, list[tuple[datetime, datetime]]] = {}
+            if settings.stripe_allow_negative_meter_values:
+                closed = outbox.closed_periods(conn, [i.stripe_customer_id for i in items])
             for item in items:
-                carry = outbox.lock_carry(conn, item.tenant_id, item.customer_id, item.period)
-                negative_ok = settings.stripe_allow_negative_meter_values and not (
-                    outbox.period_closed(conn, item.stripe_customer_id, item.event_timestamp)
+                key = outbox.carry_key(item)
+                negative_ok = settings.stripe_allow_negative_meter_values and not within_any(
+                    closed.get(item.stripe_customer_id, []), item.event_timestamp
                 )
-                steps, new_carry = plan(
-                    PlanInput(
-                        run_id=item.run_id,
-                        version=item.version,
-                        target_micros=item.target_micros,
-                        sent=sent.get(item.run_id, []),
-                        now=now,
-                        carry=carry,
-                        event_time=item.event_timestamp,
-                        unit_micros=settings.stripe_meter_unit_micros,
-                        cancel_window=timedelta(seconds=settings.stripe_cancel_window_s),
-                        negative_values_allowed=negative_ok,
-                    )
+                steps, carries[key] = plan(
+                    self._plan_input(item, sent, carries[key], now, negative_ok)
                 )
-                outbox.save_plan(conn, item, steps, new_carry)
-                plans[item.id] = steps
-        return plans
+                plans.append((item, steps))
+            outbox.save_plans(conn, plans, carries)
+        return {item.id: steps for item, steps in plans}
+
+    def _plan_input(
+        self,
+        item: outbox.OutboxItem,
+        sent: dict[int, list[Sent]],
+        carry: Carry,
+        now: datetime,
+        negative_ok: bool,
+    ) -> PlanInput:
+        settings = self._settings
+        return PlanInput(
+            run_id=item.run_id,
+            version=item.version,
+            target_micros=item.target_micros,
+            sent=sent.get(item.run_id, []),
+            now=now,
+            carry=carry,
+            event_time=item.event_timestamp,
+            unit_micros=settings.stripe_meter_unit_micros,
+            cancel_window=timedelta(seconds=settings.stripe_cancel_window_s),
+            negative_values_allowed=negative_ok,
+        )
 
     def _send_step(
         self, item: outbox.OutboxItem, index: int, step: Step, *, report: PushReport

@@ -7,7 +7,16 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from metering.billing.plan import Carry, PlanInput, Sent, Step, live_events, plan, sent_total
+from metering.billing.plan import (
+    Carry,
+    PlanInput,
+    Sent,
+    Step,
+    live_events,
+    plan,
+    sent_total,
+    within_any,
+)
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 END = NOW - timedelta(hours=1)
@@ -81,6 +90,13 @@ def test_meter_units_carry_their_remainder():
 def test_timestamp_is_clamped_to_stripes_35_day_window():
     steps, _ = plan(request(10, [], event_time=NOW - timedelta(days=40)))
     assert NOW.timestamp() - steps[0].timestamp < 35 * 86400
+
+
+def test_a_closed_period_includes_its_start_and_excludes_its_end():
+    period = [(NOW - timedelta(days=30), NOW)]
+    assert within_any(period, NOW - timedelta(days=30))
+    assert not within_any(period, NOW)
+    assert not within_any([], NOW)
 
 
 @settings(max_examples=300, deadline=None)
