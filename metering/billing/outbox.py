@@ -4,18 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
 
 from metering.billing.plan import Carry, Sent, Step
-
-# Serialises claims, so two pushers never hold rows of the same customer at once (Stripe
-# allows one concurrent meter-event call per customer and meter).
-CLAIM_LOCK_KEY = 0x5717_BE00
-ALL_CUSTOMERS = 2**31 - 1
 
 
 def enqueue(
@@ -75,73 +70,6 @@ class OutboxItem:
     plan: list[Step] | None
     next_step: int
     attempts: int
-
-
-def claim(
-    conn: psycopg.Connection[Any],
-    now: datetime,
-    limit: int,
-    lease: timedelta,
-    max_customers: int | None = None,
-) -> list[OutboxItem]:
-    """Claim due rows of customers no other pusher holds; a customer's rows in id order.
-
-    At most ``max_customers`` customers (those waiting longest) per claim, so concurrent
-    pushers split the customers between them instead of one taking a few rows of every
-    customer and leaving the others nothing to do until it finishes."""
-    conn.execute("SELECT pg_advisory_xact_lock(%s)", (CLAIM_LOCK_KEY,))
-    rows = conn.execute(
-        """
-        WITH busy AS (
-            SELECT DISTINCT tenant_id, customer_id FROM stripe_outbox
-            WHERE status = 'pending' AND claimed_until > %(now)s
-        ), due AS (
-            SELECT o.id, min(o.id) OVER (PARTITION BY o.tenant_id, o.customer_id) AS first_id
-            FROM stripe_outbox o
-            WHERE o.status = 'pending' AND o.next_attempt_at <= %(now)s
-              AND (o.claimed_until IS NULL OR o.claimed_until <= %(now)s)
-              AND NOT EXISTS (SELECT 1 FROM busy b WHERE b.tenant_id = o.tenant_id
-                                                     AND b.customer_id = o.customer_id)
-        ), ranked AS (  -- customers numbered by their oldest due row: window sorts, no join
-            SELECT id, dense_rank() OVER (ORDER BY first_id) AS customer_rank FROM due
-        ), picked AS (
-            SELECT id FROM ranked
-            WHERE customer_rank <= %(customers)s
-            ORDER BY id LIMIT %(limit)s
-        )
-        UPDATE stripe_outbox o SET claimed_until = %(until)s
-        FROM picked, customers c
-        WHERE o.id = picked.id AND c.tenant_id = o.tenant_id AND c.id = o.customer_id
-        RETURNING o.id, o.tenant_id, o.customer_id, c.stripe_customer_id, o.run_id,
-                  o.decision_version, o.target_billed_micros, o.period, o.event_timestamp,
-                  o.plan, o.next_step, o.attempts
-        """,
-        {
-            "now": now,
-            "limit": limit,
-            "until": now + lease,
-            "customers": ALL_CUSTOMERS if max_customers is None else max_customers,
-        },
-    ).fetchall()
-    items = [
-        OutboxItem(
-            id=r[0],
-            tenant_id=r[1],
-            customer_id=r[2],
-            stripe_customer_id=r[3],
-            run_id=r[4],
-            version=r[5],
-            target_micros=r[6],
-            period=r[7],
-            event_timestamp=r[8],
-            plan=[Step.from_json(s) for s in r[9]] if r[9] is not None else None,
-            next_step=r[10],
-            attempts=r[11],
-        )
-        for r in rows
-    ]
-    items.sort(key=lambda i: i.id)
-    return items
 
 
 def load_sent(conn: psycopg.Connection[Any], run_id: int) -> list[Sent]:

@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.engine import Engine
 
-from metering.billing import outbox
+from metering.billing import claims, outbox
 from metering.billing.gateway import StripeGateway, Verdict, classify
 from metering.billing.plan import Carry, PlanInput, Sent, Step, plan, within_any
 from metering.config import Settings
@@ -83,7 +83,7 @@ class Pusher:
         if failure is not None:
             return failure
         with raw_transaction(self._engine) as conn:
-            items = outbox.claim(
+            items = claims.claim(
                 conn,
                 self._clock(),
                 settings.stripe_push_batch_size,

@@ -36,6 +36,13 @@ class StripeOutboxRow(SQLModel, table=True):
             postgresql_where=sa.text("status = 'pending'"),
         ),
         sa.Index("ix_stripe_outbox_tenant_id_customer_id", "tenant_id", "customer_id"),
+        # The rows a pusher holds right now (claims skip their customers): a range scan
+        # over the leases, not over the whole backlog.
+        sa.Index(
+            "ix_stripe_outbox_claimed",
+            "claimed_until",
+            postgresql_where=sa.text("status = 'pending'"),
+        ),
     )
 
     id: int | None = Field(default=None, primary_key=True, sa_type=sa.BigInteger)

@@ -1,0 +1,92 @@
+"""Claiming outbox rows: whose rows a claim takes, and that its cost ignores the backlog."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from metering.billing.claims import CLAIM, CLAIM_SCAN_FACTOR, claim
+
+NOW = datetime.now(UTC).replace(microsecond=0)
+LEASE = timedelta(minutes=2)
+
+
+def seed(db: Any, *, rows: int, customers: int, start: int = 0) -> None:
+    """Pending outbox rows of settled runs, customer ``c<n % customers>``, due in id order."""
+    db.execute("INSERT INTO tenants (id) VALUES ('acme') ON CONFLICT DO NOTHING")
+    db.execute(
+        "INSERT INTO customers (tenant_id, id, stripe_customer_id) "
+        "SELECT 'acme', 'c' || g, 'cus_' || g FROM generate_series(0, %s - 1) g "
+        "ON CONFLICT DO NOTHING",
+        (customers,),
+    )
+    db.execute(
+        """
+        WITH new_runs AS (
+            INSERT INTO runs (tenant_id, subject, customer_id, first_event_at, last_event_at,
+                              last_received_at, event_count, gross_micros, billed_micros)
+            SELECT 'acme', 'run-' || g, 'c' || (g %% %(customers)s), %(t)s, %(t)s, %(t)s, 1,
+                   1000, 1000
+            FROM generate_series(%(start)s, %(end)s - 1) g
+            RETURNING id, customer_id
+        )
+        INSERT INTO stripe_outbox (tenant_id, customer_id, run_id, decision_version,
+            target_billed_micros, period, event_timestamp, status, next_attempt_at)
+        SELECT 'acme', customer_id, id, 1, 1000, %(period)s, %(t)s, 'pending',
+               %(t)s + id * interval '1 millisecond'
+        FROM new_runs ORDER BY id
+        """,
+        {
+            "customers": customers,
+            "start": start,
+            "end": start + rows,
+            "t": NOW - timedelta(hours=1),
+            "period": NOW.strftime("%Y-%m"),
+        },
+    )
+    db.execute("ANALYZE stripe_outbox")
+
+
+def test_a_claim_skips_leased_customers_and_takes_the_longest_waiting_in_id_order(db):
+    seed(db, rows=12, customers=3)  # run n belongs to customer c(n % 3)
+    first = claim(db, NOW, limit=100, lease=LEASE, max_customers=1)
+    assert {i.customer_id for i in first} == {"c0"}  # its row is the oldest
+    assert [i.id for i in first] == sorted(i.id for i in first) and len(first) == 4
+    second = claim(db, NOW, limit=100, lease=LEASE, max_customers=1)
+    assert {i.customer_id for i in second} == {"c1"}  # c0 is leased: skipped
+    later = claim(db, NOW + LEASE + timedelta(seconds=1), limit=100, lease=LEASE)
+    assert {i.customer_id for i in later} == {"c0", "c1", "c2"}  # the leases ran out
+
+
+def rows_examined(node: dict[str, Any], table: str = "stripe_outbox") -> int:
+    """Rows of ``table`` the plan's scans returned or filtered out, over the whole tree."""
+    own = 0
+    if node.get("Relation Name") == table:
+        own = int(node["Actual Rows"]) * int(node["Actual Loops"])
+        own += int(node.get("Rows Removed by Filter", 0)) * int(node["Actual Loops"])
+    return own + sum(rows_examined(child, table) for child in node.get("Plans", []))
+
+
+def test_a_claim_examines_about_as_many_rows_with_a_large_backlog_as_with_a_small_one(db):
+    def examined_by_a_claim() -> int:
+        params = {
+            "now": NOW,
+            "limit": 200,
+            "scan": CLAIM_SCAN_FACTOR * 200,
+            "until": NOW + LEASE,
+            "customers": 16,
+        }
+        db.execute("BEGIN")
+        try:
+            explain = "EXPLAIN (ANALYZE, FORMAT JSON) " + CLAIM
+            (plan,) = db.execute(explain, params).fetchone()
+        finally:
+            db.execute("ROLLBACK")
+        return rows_examined((plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"])
+
+    seed(db, rows=3_000, customers=64)
+    small = examined_by_a_claim()
+    seed(db, rows=57_000, customers=64, start=3_000)  # a backlog twenty times larger
+    large = examined_by_a_claim()
+    assert large < 2 * small, (small, large)  # not proportional to the backlog
