@@ -52,7 +52,7 @@ if str(ROOT) not in sys.path:  # `python bench/settle.py` puts bench/, not the r
     sys.path.insert(0, str(ROOT))
 
 from metering.config import Settings  # noqa: E402
-from metering.db import create_db_engine  # noqa: E402
+from metering.db import SESSION_OPTIONS, create_db_engine  # noqa: E402
 from metering.ingest.service import IngestRequest, ingest_events  # noqa: E402
 from metering.ingest.validation import canonical_time  # noqa: E402
 from metering.keys_repo import ensure_tenant  # noqa: E402
@@ -312,8 +312,9 @@ def _ingest(
 
 
 def policy_rate(url: str, rounds: int) -> dict[str, Any]:
-    """``decide()`` over every run's facts, read the way settlement reads them."""
-    with psycopg.connect(url) as conn:
+    """``decide()`` over every run's facts, read the way settlement reads them (same query,
+    same session options as the worker's engine)."""
+    with psycopg.connect(url, options=SESSION_OPTIONS) as conn:
         runs = conn.execute(
             "SELECT id, terminal_at IS NULL, gross_micros FROM runs ORDER BY id"
         ).fetchall()

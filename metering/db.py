@@ -17,6 +17,12 @@ from sqlmodel import Session
 
 from metering.config import Settings
 
+# Sessions run in UTC whatever the server's default: timestamps come back with
+# ``datetime.UTC`` as their tzinfo (psycopg maps the session's zone; "Etc/UTC", a common
+# server default, would give a ZoneInfo), which the policy takes as it is instead of
+# converting every event and usage line of a run.
+SESSION_OPTIONS = "-c TimeZone=UTC"
+
 
 def create_db_engine(settings: Settings) -> Engine:
     """A pooled psycopg 3 engine. ``pool_pre_ping`` survives a restarted PostgreSQL."""
@@ -26,7 +32,7 @@ def create_db_engine(settings: Settings) -> Engine:
         max_overflow=settings.db_max_overflow,
         pool_pre_ping=True,
         pool_timeout=10,
-        connect_args={"connect_timeout": 5},
+        connect_args={"connect_timeout": 5, "options": SESSION_OPTIONS},
     )
 
 

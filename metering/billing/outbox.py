@@ -7,52 +7,59 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
 import psycopg
 from psycopg.types.json import Jsonb
 
 from metering.billing.plan import Carry, Sent, Step
 
 
-def enqueue(
-    conn: psycopg.Connection[Any],
-    rows: Sequence[tuple[str, str, int, int, int, str, datetime]],
-) -> None:
-    """Outbox rows ``(tenant, customer, run_id, version, target_micros, period, timestamp)``.
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    """A decision that changes what the customer is billed, to be sent to Stripe."""
 
-    Written in the settlement transaction. Older unsent versions of the same run are
+    tenant_id: str
+    customer_id: str
+    run_id: int
+    decision_version: int
+    target_billed_micros: int
+    period: str
+    event_timestamp: datetime
+
+
+def enqueue(conn: psycopg.Connection[Any], rows: Sequence[OutboxRow]) -> None:
+    """Written in the settlement transaction. Older unsent versions of the same run are
     superseded: the newest plan is computed from what Stripe actually received.
+
+    A run's first decision cannot have older rows, so only re-decided runs are looked up
+    (most of a sweep is first decisions; the lookup was ~11 µs of PostgreSQL per run).
     """
     if not rows:
         return
-    params = {
-        "tenants": [r[0] for r in rows],
-        "customers": [r[1] for r in rows],
-        "runs": [r[2] for r in rows],
-        "versions": [r[3] for r in rows],
-        "targets": [r[4] for r in rows],
-        "periods": [r[5] for r in rows],
-        "stamps": [r[6] for r in rows],
-    }
-    conn.execute(
-        """
-        UPDATE stripe_outbox SET status = 'superseded', claimed_until = NULL
-        WHERE run_id = ANY(%(runs)s) AND status IN ('pending', 'waiting_customer')
-        """,
-        params,
-    )
+    redecided = [r.run_id for r in rows if r.decision_version > 1]
+    if redecided:
+        conn.execute(
+            """
+            UPDATE stripe_outbox SET status = 'superseded', claimed_until = NULL
+            WHERE run_id = ANY(%(runs)s) AND status IN ('pending', 'waiting_customer')
+            """,
+            {"runs": redecided},
+        )
+    # One JSON document, not an array per column (see ``repo.as_json``).
     conn.execute(
         """
         INSERT INTO stripe_outbox (tenant_id, customer_id, run_id, decision_version,
             target_billed_micros, period, event_timestamp, status)
-        SELECT u.t, u.c, u.r, u.v, u.target, u.p, u.ts,
+        SELECT u.tenant_id, u.customer_id, u.run_id, u.decision_version,
+               u.target_billed_micros, u.period, u.event_timestamp,
                CASE WHEN cu.stripe_customer_id IS NULL THEN 'waiting_customer' ELSE 'pending' END
-        FROM unnest(%(tenants)s::text[], %(customers)s::text[], %(runs)s::bigint[],
-                    %(versions)s::int[], %(targets)s::bigint[], %(periods)s::text[],
-                    %(stamps)s::timestamptz[]) AS u(t, c, r, v, target, p, ts)
-        JOIN customers cu ON cu.tenant_id = u.t AND cu.id = u.c
+        FROM json_to_recordset(%(rows)s::json)
+             AS u(tenant_id text, customer_id text, run_id bigint, decision_version int,
+                  target_billed_micros bigint, period text, event_timestamp timestamptz)
+        JOIN customers cu ON cu.tenant_id = u.tenant_id AND cu.id = u.customer_id
         ON CONFLICT (run_id, decision_version) DO NOTHING
         """,
-        params,
+        {"rows": msgspec.json.encode(rows).decode()},
     )
 
 

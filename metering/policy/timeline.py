@@ -20,6 +20,8 @@ SERVER_FAILURE_CAUSES: Final = frozenset({"network", "server", "provider"})
 
 def utc(moment: datetime) -> datetime:
     # Stored times are timezone-aware; a naive one can only have meant UTC.
+    if moment.tzinfo is UTC:
+        return moment
     if moment.tzinfo is None:
         return moment.replace(tzinfo=UTC)
     return moment.astimezone(UTC)
@@ -54,7 +56,9 @@ def _dedupe_events(events: tuple[EventFact, ...]) -> tuple[EventFact, ...]:
     # keeping the smallest by content still makes the choice independent of input order.
     chosen: dict[str, EventFact] = {}
     for raw in events:
-        event = EventFact(raw.event_id, raw.type, utc(raw.time), raw.data)
+        # Only a time not in UTC needs a rebuilt fact (``datetime.UTC`` is the one tzinfo
+        # that needs no conversion; naive and other zones, zero offset or not, are rebuilt).
+        event = raw if raw.time.tzinfo is UTC else replace(raw, time=utc(raw.time))
         kept = chosen.get(event.event_id)
         if kept is None or _content_key(event) < _content_key(kept):
             chosen[event.event_id] = event
@@ -62,9 +66,12 @@ def _dedupe_events(events: tuple[EventFact, ...]) -> tuple[EventFact, ...]:
 
 
 def _dedupe_lines(lines: tuple[UsageLine, ...]) -> tuple[UsageLine, ...]:
+    # As for events, a fact already in UTC is kept as it is: settlement's database sessions
+    # run in TimeZone=UTC, and rebuilding every line (``replace`` plus its checks) was about
+    # a third of ``decide()``.
     chosen: dict[int, UsageLine] = {}
     for raw in lines:
-        line = replace(raw, time=utc(raw.time))
+        line = raw if raw.time.tzinfo is UTC else replace(raw, time=utc(raw.time))
         kept = chosen.get(line.line_id)
         if kept is None or _line_content_key(line) < _line_content_key(kept):
             chosen[line.line_id] = line

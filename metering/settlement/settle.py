@@ -177,18 +177,18 @@ def line_change(record: repo.DecisionRecord) -> LineChange:
 
 def _billing_changes(
     runs: Sequence[repo.LockedRun], records: Sequence[repo.DecisionRecord]
-) -> list[tuple[str, str, int, int, int, str, datetime]]:
+) -> list[outbox.OutboxRow]:
     """Outbox rows for decisions that change what the customer is billed (DESIGN §5)."""
     billed_before = {r.run_id: r.billed_micros for r in runs}
     return [
-        (
-            d.tenant_id,
-            d.customer_id,
-            d.run_id,
-            d.version,
-            d.position_billed_micros,
-            d.period,
-            d.ended_at,
+        outbox.OutboxRow(
+            tenant_id=d.tenant_id,
+            customer_id=d.customer_id,
+            run_id=d.run_id,
+            decision_version=d.version,
+            target_billed_micros=d.position_billed_micros,
+            period=d.period,
+            event_timestamp=d.ended_at,
         )
         for d in records
         if d.position_billed_micros != billed_before[d.run_id]

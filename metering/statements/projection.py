@@ -11,9 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import msgspec
 import psycopg
-
-MODEL_SEPARATOR = "\x1f"  # model names are free text; this byte never appears in them
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,26 +44,25 @@ INSERT INTO statement_lines (run_id, statement_period, tenant_id, customer_id, s
     run_period, version, started_at, ended_at, decided_at, models, input_tokens,
     cached_input_tokens, output_tokens, gross_abs, billed_abs, credited_abs, base_gross,
     base_billed, base_credited, outcome, status, explanation)
-SELECT u.run_id, u.sp, u.tenant, u.customer, r.subject,
-       CASE WHEN u.sp = u.rp THEN 'run' ELSE 'correction' END, u.rp, u.version, u.started,
-       u.ended, %(now)s, string_to_array(u.models, %(sep)s), u.tin, u.tcached, u.tout,
-       u.gross, u.billed, u.credited,
+SELECT u.run_id, u.statement_period, u.tenant_id, u.customer_id, r.subject,
+       CASE WHEN u.statement_period = u.run_period THEN 'run' ELSE 'correction' END,
+       u.run_period, u.version, u.started_at, u.ended_at, %(now)s, u.models, u.input_tokens,
+       u.cached_input_tokens, u.output_tokens, u.gross_micros, u.billed_micros,
+       u.credited_micros,
        coalesce(prev.gross_abs, 0), coalesce(prev.billed_abs, 0), coalesce(prev.credited_abs, 0),
        u.outcome, u.status, u.explanation
-FROM unnest(%(runs)s::bigint[], %(sps)s::text[], %(tenants)s::text[], %(customers)s::text[],
-            %(rps)s::text[], %(versions)s::int[], %(started)s::timestamptz[],
-            %(ended)s::timestamptz[], %(models)s::text[], %(tin)s::bigint[],
-            %(tcached)s::bigint[], %(tout)s::bigint[], %(gross)s::bigint[],
-            %(billed)s::bigint[], %(credited)s::bigint[], %(outcomes)s::text[],
-            %(statuses)s::text[], %(explanations)s::text[])
-     AS u(run_id, sp, tenant, customer, rp, version, started, ended, models, tin, tcached, tout,
-          gross, billed, credited, outcome, status, explanation)
+FROM json_to_recordset(%(changes)s::json)
+     AS u(run_id bigint, statement_period text, tenant_id text, customer_id text,
+          run_period text, version int, started_at timestamptz, ended_at timestamptz,
+          models text[], input_tokens bigint, cached_input_tokens bigint, output_tokens bigint,
+          gross_micros bigint, billed_micros bigint, credited_micros bigint, outcome text,
+          status text, explanation text)
 JOIN runs r ON r.id = u.run_id
 LEFT JOIN LATERAL (
     SELECT p.gross_abs, p.billed_abs, p.credited_abs FROM statement_lines p
-    WHERE p.run_id = u.run_id AND p.statement_period < u.sp
+    WHERE p.run_id = u.run_id AND p.statement_period < u.statement_period
     ORDER BY p.statement_period DESC LIMIT 1
-) prev ON u.sp <> u.rp
+) prev ON u.statement_period <> u.run_period
 ON CONFLICT (run_id, statement_period) DO UPDATE SET
     version = EXCLUDED.version, started_at = EXCLUDED.started_at, ended_at = EXCLUDED.ended_at,
     decided_at = EXCLUDED.decided_at, models = EXCLUDED.models,
@@ -80,28 +78,6 @@ def record_lines(
 ) -> None:
     if not changes:
         return
-    conn.execute(
-        UPSERT_LINES,
-        {
-            "now": now,
-            "sep": MODEL_SEPARATOR,
-            "runs": [c.run_id for c in changes],
-            "sps": [c.statement_period for c in changes],
-            "tenants": [c.tenant_id for c in changes],
-            "customers": [c.customer_id for c in changes],
-            "rps": [c.run_period for c in changes],
-            "versions": [c.version for c in changes],
-            "started": [c.started_at for c in changes],
-            "ended": [c.ended_at for c in changes],
-            "models": [MODEL_SEPARATOR.join(c.models) for c in changes],
-            "tin": [c.input_tokens for c in changes],
-            "tcached": [c.cached_input_tokens for c in changes],
-            "tout": [c.output_tokens for c in changes],
-            "gross": [c.gross_micros for c in changes],
-            "billed": [c.billed_micros for c in changes],
-            "credited": [c.credited_micros for c in changes],
-            "outcomes": [c.outcome for c in changes],
-            "statuses": [c.status for c in changes],
-            "explanations": [c.explanation for c in changes],
-        },
-    )
+    # One JSON document for the chunk (as ``repo.mark_settled`` sends its rows): psycopg
+    # builds array parameters element by element in Python, msgspec encodes this in C.
+    conn.execute(UPSERT_LINES, {"now": now, "changes": msgspec.json.encode(changes).decode()})

@@ -194,3 +194,18 @@ def test_ledger_reconciles_per_customer_after_mixed_runs(engine, settings, db):
     assert len(rows) == 2
     for _, gross, billed, credited in rows:
         assert gross == billed + credited
+
+
+def test_decision_array_literals_keep_any_text_through_copy(db: Any) -> None:
+    # Model names and event ids are free text; the literals insert_decisions writes must give
+    # back exactly the elements it was handed, whatever characters they contain.
+    from metering.settlement.repo import _int_array, _text_array
+
+    texts = ["a", 'q"uote', "back\\slash", "c,omma", "{brace}", "NULL", "", " sp ", "t\tn\n", "ü"]
+    ints = [0, -5, 10**15]
+    db.execute("CREATE TEMP TABLE arrays (texts text[], ints bigint[])")
+    with db.cursor() as cur, cur.copy("COPY arrays (texts, ints) FROM STDIN") as copy:
+        copy.write_row((_text_array(texts), _int_array(ints)))
+        copy.write_row((_text_array([]), _int_array([])))
+    rows = db.execute("SELECT texts, ints FROM arrays").fetchall()
+    assert rows == [(texts, ints), ([], [])]

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -235,6 +236,40 @@ def test_decision_is_unchanged_when_times_are_given_in_another_offset(
         facts,
         events=tuple(replace(e, time=e.time.astimezone(offset)) for e in facts.events),
         usage=tuple(replace(u, time=u.time.astimezone(offset)) for u in facts.usage),
+    )
+    assert decide(moved) == decide(facts)
+
+
+# Zones a stored or reported time may come in: UTC's own tzinfo (kept as it is by the
+# policy), zero-offset zones that are not it (rebuilt), half-hour offsets, and naive UTC.
+ZONES: tuple[tzinfo | None, ...] = (
+    UTC,
+    ZoneInfo("Etc/UTC"),
+    ZoneInfo("Europe/London"),
+    ZoneInfo("America/St_Johns"),
+    ZoneInfo("Asia/Kathmandu"),
+    timezone(timedelta(hours=-7)),
+    None,
+)
+
+
+def in_zone(moment: datetime, zone: tzinfo | None) -> datetime:
+    if zone is None:
+        return moment.astimezone(UTC).replace(tzinfo=None)
+    return moment.astimezone(zone)
+
+
+@FAST
+@given(runs(), st.randoms(use_true_random=False))
+def test_decision_is_unchanged_when_each_time_comes_in_its_own_zone_or_naive(
+    facts: RunFacts, rnd: random.Random
+) -> None:
+    # Mixed zones within one run: the UTC normalisation may skip a fact only when its own
+    # time is UTC already, never because another fact's (or the first one's) is.
+    moved = replace(
+        facts,
+        events=tuple(replace(e, time=in_zone(e.time, rnd.choice(ZONES))) for e in facts.events),
+        usage=tuple(replace(u, time=in_zone(u.time, rnd.choice(ZONES))) for u in facts.usage),
     )
     assert decide(moved) == decide(facts)
 
