@@ -18,6 +18,7 @@ from metering.ingest.service import IngestRequest, PreparedRequest, prepare_requ
 from metering.ingest.store import IngestResult
 from metering.keys_repo import ensure_tenant
 from metering.prices import CatalogCache, load_catalog
+from tests.support.aio import run_in_fresh_loop
 from tests.support.events import event, usage
 
 
@@ -112,7 +113,7 @@ def test_concurrent_requests_share_transactions_and_each_gets_its_result(engine,
         replies = await asyncio.gather(*(committer.store(r) for r in requests))
         return list(replies), committer
 
-    replies, committer = asyncio.run(send_all())
+    replies, committer = run_in_fresh_loop(send_all)
     assert [r.events[0].result for r in replies] == ["accepted"] * 60 + ["duplicate"]
     assert committer.flushed_requests == 61
     assert committer.flushes < 61  # the first went alone; the rest queued behind it
@@ -133,7 +134,7 @@ def test_a_refused_request_raises_its_error_from_the_committer(engine, prepare, 
             committer.store(clash), committer.store(fine), return_exceptions=True
         )
 
-    clash, fine = asyncio.run(send())
+    clash, fine = run_in_fresh_loop(send)
     assert isinstance(clash, MeteringError) and clash.code == "event_conflict"
     assert isinstance(fine, IngestResult) and fine.accepted == 1
 

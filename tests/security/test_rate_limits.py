@@ -15,6 +15,7 @@ from redis.asyncio import Redis as AsyncRedis
 from api.ratelimit import RateLimiter, lease_size
 from metering.keys import Scope, generate_key
 from tests.security.conftest import client_with, serve, unique_prefix
+from tests.support.aio import run_in_fresh_loop
 from tests.support.events import STRUCTURED, auth, usage
 
 pytestmark = pytest.mark.timeout(120)
@@ -184,7 +185,7 @@ def test_a_large_limit_is_counted_in_leases_of_one_percent(settings, redis_servi
         await redis.aclose()
         return remaining, counted
 
-    remaining, counted = asyncio.run(run())
+    remaining, counted = run_in_fresh_loop(run)
     assert lease_size(1000) == 10
     assert remaining == list(range(999, 974, -1))  # exact, as if counted one by one
     assert counted == [10] * 10 + [20] * 10 + [30] * 5  # one INCRBY per ten requests
@@ -204,7 +205,7 @@ def test_processes_sharing_a_leased_limit_never_admit_more_than_it(settings):
                 remaining.append(verdict.remaining)
         return allowed, refused, remaining
 
-    allowed, refused, remaining = asyncio.run(run())
+    allowed, refused, remaining = run_in_fresh_loop(run)
     assert 300 - 3 * lease_size(300) <= allowed <= 300  # at most a lease per process unspent
     assert refused == 400 - allowed
     assert min(remaining) >= 0 and len(set(remaining)) == len(remaining)  # no count twice
@@ -221,7 +222,7 @@ def test_concurrent_requests_share_one_lease_instead_of_each_taking_one(
         await redis.aclose()
         return [v.allowed for v in verdicts if v], [v.remaining for v in verdicts if v], counted
 
-    allowed, remaining, counted = asyncio.run(run())
+    allowed, remaining, counted = run_in_fresh_loop(run)
     assert allowed == [True] * 100
     assert sorted(remaining) == list(range(900, 1000))
     assert counted == 100  # ten leases of ten, none wasted
@@ -236,6 +237,6 @@ def test_a_spent_window_refuses_without_asking_redis_again(settings, redis_servi
         await redis.aclose()
         return [bool(v and v.allowed) for v in verdicts], counted
 
-    allowed, counted = asyncio.run(run())
+    allowed, counted = run_in_fresh_loop(run)
     assert allowed == [True] * 5 + [False] * 7
     assert counted == 6  # the first refusal asked Redis; the rest were refused locally
