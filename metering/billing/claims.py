@@ -32,7 +32,7 @@ WITH busy AS MATERIALIZED (
       AND (o.claimed_until IS NULL OR o.claimed_until <= %(now)s)
       AND NOT EXISTS (SELECT 1 FROM busy b WHERE b.tenant_id = o.tenant_id
                                              AND b.customer_id = o.customer_id)
-    ORDER BY o.next_attempt_at
+    ORDER BY o.next_attempt_at, o.id  -- the due index's order: ties of one chunk by id
     LIMIT %(scan)s
 ), firsts AS (
     SELECT id, min(id) OVER (PARTITION BY tenant_id, customer_id) AS first_id FROM due

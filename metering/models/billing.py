@@ -30,9 +30,12 @@ class StripeOutboxRow(SQLModel, table=True):
             name="status_known",
         ),
         sa.CheckConstraint("target_billed_micros >= 0", name="target_not_negative"),
+        # Due rows in the order claims take them (id breaks the ties of one settlement
+        # transaction's rows), so a claim reads only as far as its LIMIT.
         sa.Index(
             "ix_stripe_outbox_due",
             "next_attempt_at",
+            "id",
             postgresql_where=sa.text("status = 'pending'"),
         ),
         sa.Index("ix_stripe_outbox_tenant_id_customer_id", "tenant_id", "customer_id"),
