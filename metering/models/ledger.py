@@ -56,12 +56,18 @@ class LedgerEntryRow(SQLModel, table=True):
         ),
         sa.Index("ix_ledger_entries_run_id", "run_id"),
         sa.Index("ix_ledger_entries_tenant_id_customer_id", "tenant_id", "customer_id"),
+        # Money moves only on the run's own customer's books: an entry whose tenant or
+        # customer is not its run's is refused by the database, not just by the code.
+        sa.ForeignKeyConstraint(
+            ["tenant_id", "customer_id", "run_id"],
+            ["runs.tenant_id", "runs.customer_id", "runs.id"],
+        ),
     )
 
     id: int | None = Field(default=None, primary_key=True, sa_type=sa.BigInteger)
-    tenant_id: str = Field(foreign_key="tenants.id", max_length=64)
+    tenant_id: str = Field(max_length=64)
     customer_id: str = Field(max_length=128)
-    run_id: int = Field(foreign_key="runs.id", sa_type=sa.BigInteger)
+    run_id: int = Field(sa_type=sa.BigInteger)
     kind: str = Field(max_length=16)
     amount_micros: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
     usage_line_id: int | None = Field(
