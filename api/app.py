@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 from litestar import Litestar
 from litestar.datastructures import State
 from litestar.openapi.config import OpenAPIConfig
@@ -20,9 +22,22 @@ from api.statements import get_statement
 from api.stripe_webhooks import stripe_webhook
 from api.support import SUPPORT_HANDLERS
 from metering.config import Settings, load_settings
+from metering.heap import freeze_startup_heap
 
 
-def create_app(settings: Settings | None = None) -> Litestar:
+def create_served_app(settings: Settings | None = None) -> Litestar:
+    """The app as ``fairmeter serve`` runs it (uvicorn's factory): one per process, so once
+    it has started, what it built is frozen out of the garbage collector's scans."""
+
+    async def freeze_heap() -> None:
+        freeze_startup_heap()
+
+    return create_app(settings, on_startup=[freeze_heap])
+
+
+def create_app(
+    settings: Settings | None = None, *, on_startup: Sequence[Callable[[], object]] = ()
+) -> Litestar:
     settings = settings or load_settings()
     configure_logging(settings)
     services = Services.build(settings)
@@ -50,6 +65,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             rate_limit_middleware(services.redis_async, services.keys, settings),
         ],
         request_max_body_size=settings.max_body_bytes,
+        on_startup=list(on_startup),
         on_shutdown=[shutdown],
         openapi_config=OpenAPIConfig(
             title="Fairmeter",

@@ -13,7 +13,7 @@ def run_api(host: str, port: int, workers: int = 1) -> None:
         # prometheus_client reads this variable itself; each worker writes its own files.
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="fairmeter-metrics-")
     uvicorn.run(
-        "api.app:create_app",
+        "api.app:create_served_app",
         factory=True,
         host=host,
         port=port,

@@ -6,9 +6,13 @@ never stored (nothing reads them).
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery import Celery
+from celery.signals import worker_process_init
 
 from metering.config import Settings, load_settings
+from metering.heap import freeze_startup_heap
 
 TASK_SOFT_TIME_LIMIT_S = 120
 TASK_TIME_LIMIT_S = 150
@@ -68,6 +72,12 @@ def create_celery(settings: Settings | None = None) -> Celery:
         },
     )
     return app
+
+
+@worker_process_init.connect
+def _freeze_worker_heap(**_: Any) -> None:
+    """Each pool process, once forked and initialised, freezes what it inherited."""
+    freeze_startup_heap()
 
 
 app = create_celery()

@@ -82,3 +82,23 @@ def test_metrics_count_accepted_duplicate_and_rejected_events(client, make_key):
     )
     assert delta == 1
     assert "fairmeter_request_seconds_bucket" in after
+
+
+def test_the_served_app_freezes_its_start_up_heap_once_started(settings, db):
+    """`fairmeter serve` runs this factory; its start-up objects leave the GC's scans."""
+    import gc
+
+    from api.app import create_app, create_served_app
+
+    gc.unfreeze()
+    try:
+        with TestClient(app=create_app(settings)) as plain:
+            assert plain.get("/healthz").status_code == 200
+            assert gc.get_freeze_count() == 0  # tests build many apps: they freeze nothing
+        served = create_served_app(settings)
+        assert gc.get_freeze_count() == 0  # not before start-up: uvicorn forks workers first
+        with TestClient(app=served) as client:
+            assert client.get("/healthz").status_code == 200
+            assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
