@@ -33,6 +33,7 @@ unit: install
 bench: install
 	@$(UV) run --frozen python bench/ingest.py
 	@$(UV) run --frozen python bench/settle.py
+	@$(UV) run --frozen python bench/sweep.py
 	@$(UV) run --frozen python bench/stripe_sync.py
 	@$(UV) run --frozen python bench/statement.py
 

@@ -11,6 +11,9 @@ from sqlmodel import Field, SQLModel
 
 from metering.models.base import timestamp_field
 
+# A run with evidence that no decision has seen yet (and not parked): the sweeper's work.
+PENDING = "settled_evidence_version < evidence_version AND parked_at IS NULL"
+
 
 class RunRow(SQLModel, table=True):
     """One agent run: ``(tenant, subject)``. Attempts and resumes belong to the same run.
@@ -33,13 +36,24 @@ class RunRow(SQLModel, table=True):
         sa.CheckConstraint(
             "billed_micros >= 0 AND credited_micros >= 0", name="position_not_negative"
         ),
-        # The sweeper's work list: runs with evidence no decision has seen yet.
+        # The sweeper's work list: runs with evidence no decision has seen yet, by each
+        # clock that can make one due (``metering.settlement.due``) and by claim, so a
+        # sweep reads the due and the claimed runs, not every run in flight.
+        sa.Index("ix_runs_pending", "last_event_at", postgresql_where=sa.text(PENDING)),
         sa.Index(
-            "ix_runs_pending",
-            "last_event_at",
-            postgresql_where=sa.text(
-                "settled_evidence_version < evidence_version AND parked_at IS NULL"
-            ),
+            "ix_runs_pending_terminal_at",
+            "terminal_at",
+            postgresql_where=sa.text(f"{PENDING} AND terminal_at IS NOT NULL"),
+        ),
+        sa.Index(
+            "ix_runs_pending_last_lost_at",
+            "last_lost_at",
+            postgresql_where=sa.text(f"{PENDING} AND last_lost_at IS NOT NULL"),
+        ),
+        sa.Index(
+            "ix_runs_pending_claimed_until",
+            "claimed_until",
+            postgresql_where=sa.text(f"{PENDING} AND claimed_until IS NOT NULL"),
         ),
         sa.Index("ix_runs_tenant_id_customer_id_period", "tenant_id", "customer_id", "period"),
     )

@@ -49,7 +49,7 @@ class RunClock:
 
 
 def due_at(clock: RunClock, windows: Windows) -> datetime:
-    """Pure: the moment the run becomes due. Mirrors ``DUE_AT_SQL`` (a test checks both)."""
+    """Pure: the moment the run becomes due. ``IS_DUE_SQL`` asks the same in SQL."""
     candidates = [clock.last_event_at + windows.idle_timeout]
     if clock.terminal_at is not None:
         candidates.append(clock.terminal_at + windows.settle_grace)
@@ -58,22 +58,27 @@ def due_at(clock: RunClock, windows: Windows) -> datetime:
     return min(candidates)
 
 
-DUE_AT_SQL = """
-LEAST(
-    runs.last_event_at + %(idle)s,
-    runs.terminal_at + %(grace)s,
-    CASE WHEN runs.last_lost_at IS NOT NULL
-              AND (runs.last_recovered_at IS NULL OR runs.last_recovered_at < runs.last_lost_at)
-         THEN runs.last_lost_at + %(resume)s END
-)
+# ``due_at(clock) <= now`` as a disjunction with one range per clock, so each branch is a
+# scan of its own partial index (``ix_runs_pending*``) and a sweep reads only due runs;
+# LEAST(...) <= now, the same test, made PostgreSQL evaluate it for every pending run.
+# The cut-offs are now minus each window (``cutoff_params``). A test checks it against
+# ``due_at`` over random clocks.
+IS_DUE_SQL = """
+(runs.last_event_at <= %(idle_cutoff)s
+ OR runs.terminal_at <= %(grace_cutoff)s
+ OR (runs.last_lost_at <= %(resume_cutoff)s
+     AND (runs.last_recovered_at IS NULL OR runs.last_recovered_at < runs.last_lost_at)))
 """
 
+# Attempts are counted by claims and reset with them (claimed_until and settle_attempts
+# are set and cleared together), so a run with attempts has a claim, and an expired
+# claim is a range of ``ix_runs_pending_claimed_until``.
 PARK_POISON_RUNS = """
 UPDATE runs SET parked_at = %(now)s,
        parked_reason = 'settlement failed ' || settle_attempts || ' times in a row'
 WHERE settled_evidence_version < evidence_version AND parked_at IS NULL
+  AND claimed_until < %(now)s
   AND settle_attempts >= %(max_attempts)s
-  AND (claimed_until IS NULL OR claimed_until < %(now)s)
 RETURNING id, tenant_id, subject
 """
 
@@ -91,7 +96,7 @@ WITH due AS (
     SELECT id FROM runs
     WHERE settled_evidence_version < evidence_version AND parked_at IS NULL
       AND (claimed_until IS NULL OR claimed_until < %(now)s)
-      AND {DUE_AT_SQL} <= %(now)s
+      AND {IS_DUE_SQL}
       AND (tenant_id, customer_id) NOT IN (
           SELECT tenant_id, customer_id FROM runs
           WHERE settled_evidence_version < evidence_version AND parked_at IS NULL
@@ -122,11 +127,12 @@ class ParkedRun:
     subject: str
 
 
-def window_params(windows: Windows) -> dict[str, timedelta]:
+def cutoff_params(windows: Windows, now: datetime) -> dict[str, datetime]:
+    """The ``IS_DUE_SQL`` parameters: a clock at or before its cut-off makes a run due."""
     return {
-        "grace": windows.settle_grace,
-        "resume": windows.resume_window,
-        "idle": windows.idle_timeout,
+        "idle_cutoff": now - windows.idle_timeout,
+        "grace_cutoff": now - windows.settle_grace,
+        "resume_cutoff": now - windows.resume_window,
     }
 
 
@@ -151,7 +157,7 @@ def claim_due_runs(
         "now": now,
         "limit": limit,
         "lease_until": now + lease,
-        **window_params(windows),
+        **cutoff_params(windows, now),
     }
     rows = conn.execute(CLAIM_DUE_RUNS, params).fetchall()
     claimed = [ClaimedRun(*row) for row in rows]

@@ -12,7 +12,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from metering.db import raw_transaction
-from metering.settlement.due import DUE_AT_SQL, RunClock, Windows, due_at, window_params
+from metering.settlement.due import IS_DUE_SQL, RunClock, Windows, cutoff_params, due_at
 from metering.settlement.runner import claim_due_chunks
 from tests.support.events import event, usage
 from tests.support.ingest import ingest
@@ -87,25 +87,28 @@ def test_run_that_keeps_failing_is_parked(engine, settings, db, at_t):
 optional_offset = st.none() | st.integers(-7200, 7200)
 
 
-@hsettings(max_examples=60, deadline=None)
+@hsettings(max_examples=80, deadline=None)
 @given(
     terminal=optional_offset,
     lost=optional_offset,
     recovered=optional_offset,
     last=st.integers(-7200, 7200),
+    now=st.integers(-3600, 10800),
 )
-def test_sql_and_python_agree_on_when_a_run_is_due(
-    engine, settings, terminal, lost, recovered, last
+def test_sql_and_python_agree_on_whether_a_run_is_due(
+    engine, settings, terminal, lost, recovered, last, now
 ):
     def moment(offset: int | None) -> datetime | None:
         return None if offset is None else T + timedelta(seconds=offset)
 
     clock = RunClock(moment(terminal), T + timedelta(seconds=last), moment(lost), moment(recovered))
     windows = Windows.from_settings(settings)
-    sql = DUE_AT_SQL.replace("runs.", "")
+    at = T + timedelta(seconds=now)
+    sql = IS_DUE_SQL.replace("runs.", "")
     with raw_transaction(engine) as conn:
         (from_sql,) = conn.execute(
-            f"SELECT {sql} FROM (SELECT %(terminal_at)s::timestamptz AS terminal_at, "
+            f"SELECT coalesce({sql}, false) "
+            "FROM (SELECT %(terminal_at)s::timestamptz AS terminal_at, "
             "%(last_event_at)s::timestamptz AS last_event_at, "
             "%(last_lost_at)s::timestamptz AS last_lost_at, "
             "%(last_recovered_at)s::timestamptz AS last_recovered_at) AS r",
@@ -114,7 +117,7 @@ def test_sql_and_python_agree_on_when_a_run_is_due(
                 "last_event_at": clock.last_event_at,
                 "last_lost_at": clock.last_lost_at,
                 "last_recovered_at": clock.last_recovered_at,
-                **window_params(windows),
+                **cutoff_params(windows, at),
             },
         ).fetchone()
-    assert from_sql == due_at(clock, windows)
+    assert from_sql == (due_at(clock, windows) <= at)
