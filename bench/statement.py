@@ -24,27 +24,17 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.databases import fresh_database  # noqa: E402
 from metering.keys import Scope  # noqa: E402
 from metering.keys_repo import create_key  # noqa: E402
-from metering.migrate import upgrade  # noqa: E402
 from metering.statements.query import LINE_SELECT  # noqa: E402
 from tests.conftest import free_port, wait_http  # noqa: E402
 from tests.support.bulk import settled_runs  # noqa: E402
 
-SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 DATABASE = "fairmeter_bench_statement"
 START = "<!-- bench/statement.py: generated from here -->"
 END = "<!-- bench/statement.py: generated up to here -->"
 PEPPER = "bench-pepper"
-
-
-def fresh_database() -> str:
-    with psycopg.connect(SERVER, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {DATABASE}")
-    url = SERVER.rsplit("/", 1)[0] + f"/{DATABASE}"
-    upgrade(url)
-    return url
 
 
 def timed(fn, rounds: int) -> list[float]:  # type: ignore[no-untyped-def]
@@ -61,7 +51,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
-    url = fresh_database()
+    url = fresh_database(DATABASE)
     with psycopg.connect(url, autocommit=True) as db:
         settled_runs(db, tenant="acme", customer="big", count=args.runs, period="2026-11")
         db.execute("ANALYZE")

@@ -36,25 +36,15 @@ import stripe
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.databases import fresh_database  # noqa: E402
 from metering.config import Settings  # noqa: E402
 from metering.db import create_db_engine  # noqa: E402
-from metering.migrate import upgrade  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 
-SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 DATABASE = "fairmeter_bench_stripe"
 START = "<!-- bench/stripe_sync.py: generated from here -->"
 END = "<!-- bench/stripe_sync.py: generated up to here -->"
 THREADS = 8
-
-
-def fresh_database() -> str:
-    with psycopg.connect(SERVER, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {DATABASE}")
-    url = SERVER.rsplit("/", 1)[0] + f"/{DATABASE}"
-    upgrade(url)
-    return url
 
 
 def seed_outbox(url: str, rows: int, customers: list[tuple[str, str]]) -> None:
@@ -226,7 +216,7 @@ def main() -> None:
         ids = [
             client.v1.customers.create(params={"name": f"c{i}"}).id for i in range(args.customers)
         ]
-        db_url = fresh_database()
+        db_url = fresh_database(DATABASE)
         seed_outbox(db_url, args.rows, [(f"c{i}", cid) for i, cid in enumerate(ids)])
         per_process = [ids[p :: args.processes][:THREADS] for p in range(args.processes)]
         per_thread = args.rows // (args.processes * THREADS)

@@ -34,11 +34,10 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.databases import fresh_database  # noqa: E402
 from metering.db import SESSION_OPTIONS  # noqa: E402
-from metering.migrate import upgrade  # noqa: E402
 from metering.settlement.due import Windows, claim_due_runs, park_poison_runs  # noqa: E402
 
-SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 DATABASE = "fairmeter_bench_sweep"
 START = "<!-- bench/sweep.py: generated from here -->"
 END = "<!-- bench/sweep.py: generated up to here -->"
@@ -80,15 +79,6 @@ RAW_CLAIM = """
 UPDATE runs SET claimed_until = %(lease_until)s, settle_attempts = settle_attempts + 1
 WHERE id = ANY(%(ids)s)
 """
-
-
-def fresh_database() -> str:
-    with psycopg.connect(SERVER, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {DATABASE}")
-    url = SERVER.rsplit("/", 1)[0] + f"/{DATABASE}"
-    upgrade(url)
-    return url
 
 
 def load(url: str, now: datetime, in_flight: int, due: int) -> list[int]:
@@ -154,7 +144,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--no-docs", action="store_true")
     args = parser.parse_args()
-    url = fresh_database()
+    url = fresh_database(DATABASE)
     now = datetime.now(UTC)
     print(f"loading {args.in_flight:,} runs in flight and {args.due:,} due …", flush=True)
     due_ids = load(url, now, args.in_flight, args.due)
