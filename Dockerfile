@@ -1,14 +1,20 @@
 # One image for api, worker, beat and migrate; the command chooses the role.
+# Production code only: metering/, reconciler/, api/, cli/ and the migrations. The dev tools
+# (devtools/) and the agent SDK (clients/python/) are not copied, and
+# `--no-default-groups` keeps their dependencies out (tests/deploy checks the set).
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 UV_LINK_MODE=copy
 WORKDIR /app
 RUN pip install --no-cache-dir uv
 COPY pyproject.toml uv.lock README.md ./
+# The workspace lists the SDK as a member: uv needs its metadata to read the lock file.
+COPY clients/python/pyproject.toml clients/python/README.md ./clients/python/
 COPY metering ./metering
 COPY reconciler ./reconciler
 COPY api ./api
+COPY cli ./cli
 COPY migrations ./migrations
-RUN uv sync --frozen --no-dev
+RUN uv sync --frozen --no-default-groups
 ENV PATH="/app/.venv/bin:$PATH"
 USER nobody
 EXPOSE 8000

@@ -23,9 +23,10 @@ test: install lint typecheck
 lint: install
 	@$(UV) run --frozen ruff check .
 	@$(UV) run --frozen ruff format --check .
+	@$(UV) run --frozen lint-imports
 
 typecheck: install
-	@$(UV) run --frozen mypy metering reconciler api
+	@$(UV) run --frozen mypy metering reconciler api cli devtools clients/python/fairmeter_client
 
 unit: install
 	@$(UV) run --frozen pytest tests/unit

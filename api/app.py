@@ -9,7 +9,7 @@ from litestar.datastructures import State
 from litestar.openapi.config import OpenAPIConfig
 
 from api.console import console_router
-from api.events import post_events
+from api.ingest import post_events
 from api.logs import configure_logging
 from api.metrics import latency_middleware
 from api.openapi_docs import COMPONENTS, StrictStructSchemaPlugin

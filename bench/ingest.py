@@ -251,7 +251,7 @@ def api_command(port: int, workers: int) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "api.cli",
+        "cli",
         "serve",
         "--port",
         str(port),

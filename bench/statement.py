@@ -84,7 +84,7 @@ def main() -> None:
         "PATH": "/usr/bin:/bin",
     }
     server = subprocess.Popen(
-        [sys.executable, "-m", "api.cli", "serve", "--port", str(port)], cwd=ROOT, env=env
+        [sys.executable, "-m", "cli", "serve", "--port", str(port)], cwd=ROOT, env=env
     )
     try:
         base = f"http://127.0.0.1:{port}"

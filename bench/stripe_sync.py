@@ -191,7 +191,7 @@ def main() -> None:
     args = parser.parse_args()
     port = free_port()
     emulator = subprocess.Popen(
-        [sys.executable, "-m", "api.stripe_emulator.cli", "--port", str(port)],
+        [sys.executable, "-m", "devtools.stripe_emulator.cli", "--port", str(port)],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
     )

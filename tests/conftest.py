@@ -161,7 +161,7 @@ def live_server(settings: Settings) -> Iterator[str]:
     """The real API under uvicorn in its own process, as deployed."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "api.cli", "serve", "--port", str(port), "--workers", "2"],
+        [sys.executable, "-m", "cli", "serve", "--port", str(port), "--workers", "2"],
         cwd=ROOT,
         env=service_env(settings),
     )

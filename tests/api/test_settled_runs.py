@@ -92,7 +92,7 @@ def test_only_support_and_admin_may_settle(client, make_key):
 def test_cli_settles_due_runs(client, make_key, settings, db):
     send(client, make_key(), usage(step=1, time=at(1)), event(type="run.completed", time=at(2)))
     done = subprocess.run(
-        [sys.executable, "-m", "api.cli", "settle", "--due"],
+        [sys.executable, "-m", "cli", "settle", "--due"],
         cwd=ROOT,
         env=service_env(settings),
         capture_output=True,

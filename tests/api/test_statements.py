@@ -218,7 +218,7 @@ def test_cli_prints_the_statement(month, settings):
         [
             sys.executable,
             "-m",
-            "api.cli",
+            "cli",
             "statement",
             "--tenant",
             "acme",
@@ -240,7 +240,7 @@ def test_cli_prints_the_statement(month, settings):
         [
             sys.executable,
             "-m",
-            "api.cli",
+            "cli",
             "statement",
             "--tenant",
             "acme",

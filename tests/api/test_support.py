@@ -282,7 +282,7 @@ def test_cli_credits_a_run_and_lists_disputes(client, make_key, settings, db, ru
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "api.cli", "support", *args],
+            [sys.executable, "-m", "cli", "support", *args],
             cwd=ROOT,
             env=service_env(settings),
             capture_output=True,

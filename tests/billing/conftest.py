@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import stripe
 
-from api.stripe_emulator import EmulatorServer
-from api.stripe_emulator.control_client import EmulatorControl
+from devtools.stripe_emulator import EmulatorServer
+from devtools.stripe_emulator.control_client import EmulatorControl
 from metering.billing.push import Pusher, PushReport
 from metering.billing.service import link_customer
 from metering.config import Settings
@@ -122,7 +122,7 @@ def webhook_api(settings: Settings, stripe_settings: Settings) -> Iterator[str]:
         "FAIRMETER_STRIPE_API_BASE": str(stripe_settings.stripe_api_base),
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "api.cli", "serve", "--port", str(port)], cwd=ROOT, env=env
+        [sys.executable, "-m", "cli", "serve", "--port", str(port)], cwd=ROOT, env=env
     )
     base = f"http://127.0.0.1:{port}"
     try:

@@ -75,7 +75,7 @@ def test_pusher_killed_mid_push_then_restarted_sends_exactly_once(
         "FAIRMETER_STRIPE_PUSH_LEASE_S": "2",
         "FAIRMETER_STRIPE_BACKOFF_BASE_S": "0.01",
     }
-    loop = "from api.cli import run; import sys\nwhile True:\n    sys.argv=['x','stripe','push']\n    try: run()\n    except SystemExit: pass\n"  # noqa: E501
+    loop = "from cli.main import run; import sys\nwhile True:\n    sys.argv=['x','stripe','push']\n    try: run()\n    except SystemExit: pass\n"  # noqa: E501
     pusher = subprocess.Popen(
         [sys.executable, "-c", loop], cwd=ROOT, env=env, start_new_session=True
     )

@@ -10,8 +10,8 @@ import psutil
 import pytest
 import stripe
 
-from api.stripe_emulator import EmulatorServer
-from api.stripe_emulator.control_client import EmulatorControl
+from devtools.stripe_emulator import EmulatorServer
+from devtools.stripe_emulator.control_client import EmulatorControl
 from metering.billing.gateway import build_client
 from metering.config import Settings
 

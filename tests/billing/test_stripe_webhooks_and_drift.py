@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 
-from api.stripe_emulator.webhooks import signature_header
+from devtools.stripe_emulator.webhooks import signature_header
 from metering.billing.push import Pusher
 from metering.billing.service import drift, handle_webhooks
 from tests.billing.conftest import drain, settled_runs

@@ -36,7 +36,7 @@ class ApiProcess:
     def start(self) -> None:
         assert self._proc is None, "already running"
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "api.cli", "serve", "--port", str(self.port)],
+            [sys.executable, "-m", "cli", "serve", "--port", str(self.port)],
             cwd=ROOT,
             env=self._env,
         )

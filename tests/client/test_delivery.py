@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
+from fairmeter_client import Meter, MeterConfigError, event_id
 
-from api.client import Meter, MeterConfigError, event_id
 from tests.client.conftest import (
     FAST_RETRIES,
     MODEL,
@@ -72,7 +72,7 @@ def test_events_reported_while_the_api_is_down_arrive_once_in_spool_order(
 
 KILLED_WRITER = """
     import json, sys, time
-    from api.client import Meter
+    from fairmeter_client import Meter
     meter = Meter(sys.argv[1], sys.argv[2], source=sys.argv[3], spool_path=sys.argv[4],
                   backoff_base_s=0.05, max_backoff_s=0.2, timeout_s=1.0)
     run = meter.run("run-killed", customer="cust-1")
@@ -86,7 +86,7 @@ KILLED_WRITER = """
 
 NEXT_PROCESS = """
     import json, sys
-    from api.client import Meter
+    from fairmeter_client import Meter
     meter = Meter(sys.argv[1], sys.argv[2], source=sys.argv[3], spool_path=sys.argv[4])
     flushed = meter.flush(timeout=20)
     stats = meter.stats()

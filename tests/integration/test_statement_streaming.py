@@ -29,7 +29,7 @@ def test_csv_of_100k_runs_streams_with_bounded_memory(settings, db, make_key):
     settled_runs(db, tenant="acme", customer="big", count=RUNS, period="2026-11")
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "api.cli", "serve", "--port", str(port), "--workers", "1"],
+        [sys.executable, "-m", "cli", "serve", "--port", str(port), "--workers", "1"],
         cwd=ROOT,
         env=service_env(settings),
     )

@@ -143,7 +143,7 @@ class Stack:
 
     def api(self, env: dict[str, str], workers: int = 1) -> str:
         port = free_port()
-        argv = [sys.executable, "-m", "api.cli", "serve", "--port", str(port)]
+        argv = [sys.executable, "-m", "cli", "serve", "--port", str(port)]
         proc = subprocess.Popen(
             [*argv, "--workers", str(workers)],
             cwd=ROOT,

@@ -1,11 +1,12 @@
-"""Reporting a workload's runs through the client (``api.client.Meter``) and its spool."""
+"""Reporting a workload's runs through the client (``fairmeter_client.Meter``) and its spool."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
 
-from api.client import Meter
+from fairmeter_client import Meter
+
 from tests.reliability.books import Workload
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from urllib.parse import urlsplit, urlunsplit
 
-from api.client import Meter
+from fairmeter_client import Meter
+
 from tests.reconciler.conftest import wait_until
 from tests.reliability.books import Workload, all_settled, check_books, settled_runs
 from tests.reliability.pgproxy import CommitResetProxy, ResetPolicy

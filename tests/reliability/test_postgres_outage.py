@@ -15,8 +15,8 @@ from typing import Any
 
 import psycopg
 import pytest
+from fairmeter_client import Meter
 
-from api.client import Meter
 from metering.config import Settings
 from metering.db import create_db_engine, raw_transaction
 from metering.keys import Scope

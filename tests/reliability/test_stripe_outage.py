@@ -17,8 +17,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import stripe
 
-from api.stripe_emulator import EmulatorServer
-from api.stripe_emulator.control_client import EmulatorControl
+from devtools.stripe_emulator import EmulatorServer
+from devtools.stripe_emulator.control_client import EmulatorControl
 from metering.billing.gateway import StripeGateway
 from metering.billing.service import link_customer
 from tests.reconciler.conftest import wait_until

@@ -16,7 +16,7 @@ from litestar.testing import TestClient
 from metering.config import Settings
 from tests.conftest import ROOT, free_port, service_env, wait_http
 
-SERVE = (sys.executable, "-m", "api.cli", "serve")
+SERVE = (sys.executable, "-m", "cli", "serve")
 
 
 @dataclass

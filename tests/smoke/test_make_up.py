@@ -147,7 +147,7 @@ def launch(tmp_path: Path) -> Iterator[Launch]:
     state_dir = tmp_path / "state"
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "api.cli", "up", "--port", str(port), "--state-dir", str(state_dir)],
+        [sys.executable, "-m", "cli", "up", "--port", str(port), "--state-dir", str(state_dir)],
         cwd=ROOT,
         env=launcher_env(),
         stdout=subprocess.PIPE,
@@ -194,8 +194,8 @@ def test_make_up_serves_an_event_and_ctrl_c_leaves_no_process_behind(launch):
     started = launch.record_started()
     commands = "\n".join(describe(started))
     for part in (
-        *("api.cli serve", "celery", "worker", "beat", "redis-server", str(launch.pgdata)),
-        "api.stripe_emulator.cli",
+        *("cli serve", "celery", "worker", "beat", "redis-server", str(launch.pgdata)),
+        "devtools.stripe_emulator.cli",
     ):
         assert part in commands, f"{part!r} not among the started processes:\n{commands}"
 

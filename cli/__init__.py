@@ -1,0 +1,1 @@
+"""The ``fairmeter`` command line: parses arguments, calls one use case, prints."""

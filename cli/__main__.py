@@ -1,0 +1,5 @@
+"""``python -m cli …`` is ``fairmeter …``."""
+
+from cli.main import run
+
+run()

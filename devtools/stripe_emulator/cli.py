@@ -1,0 +1,39 @@
+"""``fairmeter stripe-emulator``: run the Stripe emulator until Ctrl-C or SIGTERM."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from types import FrameType
+
+import click
+
+from devtools.stripe_emulator.server import EmulatorServer
+
+
+@click.command("stripe-emulator")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=12111, type=int, show_default=True)
+@click.option("--webhook-url", default=None, help="Where POST /_emulator/webhooks delivers.")
+@click.option("--webhook-secret", default=None, help="The endpoint's signing secret (whsec_...).")
+def stripe_emulator(
+    host: str, port: int, webhook_url: str | None, webhook_secret: str | None
+) -> None:
+    """Serve an in-memory Stripe (meters, meter events, customers, webhooks) for local runs."""
+    try:
+        server = EmulatorServer(host, port)
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc}") from exc
+    server.state.settings.update({"webhook_url": webhook_url, "webhook_secret": webhook_secret})
+
+    def _stop(signum: int, frame: FrameType | None) -> None:
+        server.request_stop()
+
+    signal.signal(signal.SIGTERM, _stop)
+    click.echo(server.url, nl=True)
+    with contextlib.suppress(KeyboardInterrupt):
+        server.serve_forever()
+
+
+if __name__ == "__main__":
+    stripe_emulator()

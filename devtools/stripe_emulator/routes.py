@@ -1,0 +1,116 @@
+"""The Stripe endpoints the emulator serves: (method, path pattern) → handler."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from devtools.stripe_emulator import customers, meter_events, meters
+from devtools.stripe_emulator.errors import resource_missing
+from devtools.stripe_emulator.forms import Params
+from devtools.stripe_emulator.state import EmulatorState, LockKey
+
+
+@dataclass(frozen=True)
+class Call:
+    """One parsed API request, as a handler sees it."""
+
+    state: EmulatorState
+    params: Params
+    args: tuple[str, ...]
+    idempotency_key: str | None
+
+
+Handler = Callable[[Call], dict[str, Any]]
+LockKeyFor = Callable[[EmulatorState, Params], LockKey | None]
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    pattern: re.Pattern[str]
+    handler: Handler
+    lock_key: LockKeyFor | None = None
+
+
+def _stored_event(call: Call) -> dict[str, Any]:
+    with call.state.lock:
+        event = call.state.events.get(call.args[0])
+    if event is None:
+        raise resource_missing("event", call.args[0])
+    return event
+
+
+def _stored_invoice(call: Call) -> dict[str, Any]:
+    with call.state.lock:
+        invoice = call.state.invoices.get(call.args[0])
+    if invoice is None:
+        raise resource_missing("invoice", call.args[0])
+    return invoice
+
+
+_ID = r"([A-Za-z0-9_\-.:]+)"
+ROUTES = [
+    Route(
+        "POST",
+        re.compile(r"/v1/billing/meter_events"),
+        lambda c: meter_events.create_meter_event(c.state, c.params, c.idempotency_key),
+        meter_events.lock_key,
+    ),
+    Route(
+        "POST",
+        re.compile(r"/v1/billing/meter_event_adjustments"),
+        lambda c: meter_events.cancel_meter_event(c.state, c.params),
+    ),
+    Route(
+        "POST", re.compile(r"/v1/billing/meters"), lambda c: meters.create_meter(c.state, c.params)
+    ),
+    Route(
+        "GET", re.compile(r"/v1/billing/meters"), lambda c: meters.list_meters(c.state, c.params)
+    ),
+    Route(
+        "GET",
+        re.compile(rf"/v1/billing/meters/{_ID}"),
+        lambda c: meters.retrieve_meter(c.state, c.args[0]),
+    ),
+    Route(
+        "GET",
+        re.compile(rf"/v1/billing/meters/{_ID}/event_summaries"),
+        lambda c: meters.list_event_summaries(c.state, c.args[0], c.params),
+    ),
+    Route(
+        "POST", re.compile(r"/v1/customers"), lambda c: customers.create_customer(c.state, c.params)
+    ),
+    Route(
+        "GET", re.compile(r"/v1/customers"), lambda c: customers.list_customers(c.state, c.params)
+    ),
+    Route(
+        "GET",
+        re.compile(rf"/v1/customers/{_ID}"),
+        lambda c: customers.retrieve_customer(c.state, c.args[0]),
+    ),
+    Route(
+        "POST",
+        re.compile(rf"/v1/customers/{_ID}/balance_transactions"),
+        lambda c: customers.create_balance_transaction(c.state, c.args[0], c.params),
+    ),
+    Route(
+        "GET",
+        re.compile(rf"/v1/customers/{_ID}/balance_transactions"),
+        lambda c: customers.list_balance_transactions(c.state, c.args[0], c.params),
+    ),
+    Route("GET", re.compile(rf"/v1/events/{_ID}"), _stored_event),
+    Route("GET", re.compile(rf"/v2/core/events/{_ID}"), _stored_event),
+    Route("GET", re.compile(rf"/v1/invoices/{_ID}"), _stored_invoice),
+]
+
+
+def match(method: str, path: str) -> tuple[Route, tuple[str, ...]] | None:
+    for route in ROUTES:
+        if route.method == method:
+            found = route.pattern.fullmatch(path)
+            if found:
+                return route, found.groups()
+    return None

@@ -1,0 +1,139 @@
+"""Fixtures: a fresh emulator per test, and the official SDK pointed at it over HTTP."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+import stripe
+
+from devtools.stripe_emulator import EmulatorServer
+from devtools.stripe_emulator.control_client import EmulatorControl
+
+EVENT_NAME = "fairmeter_usage"
+
+
+def make_client(
+    url: str, *, retries: int = 0, timeout_s: float | None = None
+) -> stripe.StripeClient:
+    http_client = stripe.RequestsClient(timeout=timeout_s) if timeout_s else None
+    return stripe.StripeClient(
+        "sk_test_emulator",
+        base_addresses={"api": url, "meter_events": url, "files": url, "connect": url},
+        max_network_retries=retries,
+        http_client=http_client,
+    )
+
+
+@pytest.fixture
+def server() -> Iterator[EmulatorServer]:
+    emulator = EmulatorServer()
+    emulator.start()
+    yield emulator
+    emulator.stop()
+
+
+@pytest.fixture
+def client(server: EmulatorServer) -> stripe.StripeClient:
+    return make_client(server.url)
+
+
+@pytest.fixture
+def control(server: EmulatorServer) -> EmulatorControl:
+    return EmulatorControl(server.url)
+
+
+@pytest.fixture
+def meter(client: stripe.StripeClient) -> stripe.billing.Meter:
+    return client.v1.billing.meters.create(
+        params={
+            "display_name": "Fairmeter usage",
+            "event_name": EVENT_NAME,
+            "default_aggregation": {"formula": "sum"},
+            "customer_mapping": {"event_payload_key": "stripe_customer_id", "type": "by_id"},
+            "value_settings": {"event_payload_key": "value"},
+        }
+    )
+
+
+@pytest.fixture
+def customer(client: stripe.StripeClient, meter: stripe.billing.Meter) -> stripe.Customer:
+    return client.v1.customers.create(params={"email": "ops@example.com", "name": "Acme"})
+
+
+@pytest.fixture
+def hour(control: EmulatorControl) -> int:
+    """An hour boundary; the emulator clock is frozen ten minutes into it."""
+    start = (int(time.time()) // 3600 - 2) * 3600
+    control.set_clock(start + 600, frozen=True)
+    return start
+
+
+SendEvent = Callable[..., stripe.billing.MeterEvent]
+
+
+@pytest.fixture
+def send_event(client: stripe.StripeClient, customer: stripe.Customer, hour: int) -> SendEvent:
+    def send(
+        identifier: str,
+        value: int = 1,
+        *,
+        via: stripe.StripeClient | None = None,
+        key: str | None = None,
+        timestamp: int | None = None,
+        customer_id: str | None = None,
+    ) -> stripe.billing.MeterEvent:
+        params: dict[str, Any] = {
+            "event_name": EVENT_NAME,
+            "identifier": identifier,
+            "payload": {"stripe_customer_id": customer_id or customer.id, "value": str(value)},
+            "timestamp": hour + 60 if timestamp is None else timestamp,
+        }
+        options: dict[str, Any] = {"idempotency_key": key} if key else {}
+        return (via or client).v1.billing.meter_events.create(params=params, options=options)  # type: ignore[arg-type]
+
+    return send
+
+
+class Inbox:
+    """A webhook endpoint that records each delivery's raw body and headers."""
+
+    def __init__(self) -> None:
+        self.deliveries: list[tuple[bytes, dict[str, str]]] = []
+        inbox = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                inbox.deliveries.append((body, dict(self.headers)))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/webhooks/stripe"
+
+    def __enter__(self) -> Inbox:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+
+@pytest.fixture
+def inbox() -> Iterator[Inbox]:
+    with Inbox() as endpoint:
+        yield endpoint
