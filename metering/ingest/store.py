@@ -25,6 +25,7 @@ import psycopg
 from metering.errors import FieldError, conflict, validation_error
 from metering.ingest.catalogue import TERMINAL_TYPES, USAGE_TYPE
 from metering.ingest.validation import ValidEvent
+from metering.ledger.repo import HOLDS_FROM_USAGE_LINES
 from metering.pricing import PricedUsage
 
 EventKey = tuple[str, str]  # (source, id)
@@ -101,12 +102,7 @@ lines AS (
     FROM fresh WHERE type = '{USAGE_TYPE}'
     RETURNING id, run_id, gross_micros
 ),
-holds AS (
-    INSERT INTO ledger_entries (tenant_id, customer_id, run_id, kind, amount_micros,
-                                usage_line_id)
-    SELECT %(tenant)s::text, r.customer_id, l.run_id, 'hold', l.gross_micros, l.id
-    FROM lines l JOIN runs r ON r.id = l.run_id
-),
+holds AS ({HOLDS_FROM_USAGE_LINES}),
 aggregates AS (
     UPDATE runs SET
         event_count = runs.event_count + agg.n,

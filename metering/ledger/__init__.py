@@ -1,1 +1,2 @@
-"""The append-only ledger: pure postings (here) and their storage (``repo``)."""
+"""The append-only ledger: pure postings (``postings``) and the one place they are written
+(``repo``)."""

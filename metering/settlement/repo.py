@@ -223,17 +223,6 @@ class DecisionRecord:
     auto_credited_micros: int
 
 
-@dataclass(frozen=True, slots=True)
-class EntryRecord:
-    tenant_id: str
-    customer_id: str
-    run_id: int
-    kind: str
-    amount_micros: int
-    decision_version: int
-    corrects: str | None
-
-
 DECISION_COLUMNS = (
     "run_id, version, tenant_id, customer_id, origin, outcome, status, gross_micros, "
     "billed_micros, credited_micros, credited_line_ids, rule_ids, evidence_event_ids, "
@@ -299,22 +288,6 @@ def as_json(records: Sequence[Any]) -> str:
     parameters element by element in Python, msgspec encodes the whole chunk in C.
     """
     return msgspec.json.encode(records).decode()
-
-
-def insert_entries(conn: psycopg.Connection[Any], entries: Sequence[EntryRecord]) -> None:
-    if not entries:
-        return
-    conn.execute(
-        """
-        INSERT INTO ledger_entries (tenant_id, customer_id, run_id, kind, amount_micros,
-                                    decision_version, corrects)
-        SELECT tenant_id, customer_id, run_id, kind, amount_micros, decision_version, corrects
-        FROM json_to_recordset(%(entries)s::json)
-             AS e(tenant_id text, customer_id text, run_id bigint, kind text,
-                  amount_micros bigint, decision_version int, corrects text)
-        """,
-        {"entries": as_json(entries)},
-    )
 
 
 def mark_settled(

@@ -17,7 +17,8 @@ import psycopg
 from metering.billing import outbox
 from metering.config import Settings
 from metering.disputes.adjust import apply_support
-from metering.ledger.postings import Position, postings_between
+from metering.ledger.postings import Position
+from metering.ledger.repo import EntryRecord, RunAccount, entries_moving, insert_entries
 from metering.periods import period_of, statement_period
 from metering.policy import (
     HELD_FOR_REVIEW,
@@ -98,7 +99,7 @@ def settle_runs(
     totals = repo.load_period_totals(conn, due, periods)
     previous = repo.latest_decisions(conn, due)
     config = policy_config(settings)
-    entries: list[repo.EntryRecord] = []
+    entries: list[EntryRecord] = []
     unchanged: list[repo.LockedRun] = []
     for run in sorted(due, key=lambda r: (ended[r.run_id], r.run_id)):
         period_totals = totals[(run.tenant_id, run.customer_id, periods[run.run_id])]
@@ -144,7 +145,7 @@ def settle_runs(
         entries.extend(_entries(run, record))
     report.unchanged = [r.run_id for r in unchanged]
     repo.insert_decisions(conn, report.records)
-    repo.insert_entries(conn, entries)
+    insert_entries(conn, entries)
     repo.mark_settled(conn, report.records, unchanged)
     outbox.enqueue(conn, _billing_changes(due, report.records))
     record_lines(conn, [line_change(record) for record in report.records], now)
@@ -264,18 +265,10 @@ def _record(
     )
 
 
-def _entries(run: repo.LockedRun, record: repo.DecisionRecord) -> list[repo.EntryRecord]:
-    current = Position(run.billed_micros, run.credited_micros)
-    target = Position(record.position_billed_micros, record.position_credited_micros)
-    return [
-        repo.EntryRecord(
-            tenant_id=run.tenant_id,
-            customer_id=run.customer_id,
-            run_id=run.run_id,
-            kind=posting.kind,
-            amount_micros=posting.amount_micros,
-            decision_version=record.version,
-            corrects=posting.corrects,
-        )
-        for posting in postings_between(current, target)
-    ]
+def _entries(run: repo.LockedRun, record: repo.DecisionRecord) -> list[EntryRecord]:
+    return entries_moving(
+        RunAccount(run.tenant_id, run.customer_id, run.run_id),
+        Position(run.billed_micros, run.credited_micros),
+        Position(record.position_billed_micros, record.position_credited_micros),
+        decision_version=record.version,
+    )
