@@ -30,7 +30,7 @@ from litestar.openapi.spec import (
 from litestar.typing import FieldDefinition
 
 from api.problems import PROBLEM_JSON
-from metering.ingest.catalogue import EVENT_TYPES
+from metering.catalogue import EVENT_TYPES
 from metering.keys import Scope
 
 BEARER = "apiKey"

@@ -12,7 +12,8 @@ import psycopg
 from metering.errors import not_found
 from metering.keys import Principal, Scope
 from metering.policy import HELD_FOR_REVIEW
-from metering.status import UNDER_REVIEW, EventFact, live_status
+from metering.policy.facts import EventFact
+from metering.policy.status import UNDER_REVIEW, live_status
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from datetime import datetime
 
 from markupsafe import Markup, escape
 
+from metering.catalogue import TERMINAL_TYPES
 from metering.disputes.timeline import TimelineEvent
 
 WIDTH, HEIGHT = 660, 190
@@ -21,8 +22,7 @@ X0, X1 = 88, 640
 LANES = {"run": 44, "connection": 90, "usage": 134}
 LANE_LABELS = {"run": "Run", "connection": "Connection", "usage": "Usage"}
 AXIS_Y = 158
-TERMINAL = ("run.completed", "run.failed", "run.cancelled")
-RECOVERY = ("connection.restored", "run.resumed", *TERMINAL)
+RECOVERY = ("connection.restored", "run.resumed", *TERMINAL_TYPES)
 
 
 class Scale:
@@ -115,7 +115,7 @@ def _shape(event: TimelineEvent, x: float) -> tuple[str, str]:
         return "run", f'<rect class="{cls}" x="-6" y="-6" width="12" height="12" rx="2"/>'
     if kind == "run.started":
         return "run", '<circle class="m-started" r="6"/>'
-    if kind in TERMINAL:
+    if kind in TERMINAL_TYPES:
         word = {"run.completed": "completed", "run.failed": "failed", "run.cancelled": "cancelled"}
         label = _label(word[kind], x)
         return "run", f'<circle class="m-end {word[kind]}" r="8"/>{label}'

@@ -38,9 +38,8 @@ from metering.policy import (
     UsageLine,
     decide,
 )
+from metering.policy.timeline import ending_event
 from metering.pricing import PriceCatalog, TokenCounts
-
-TERMINAL_TYPES = frozenset({"run.completed", "run.cancelled", "run.failed"})
 
 
 class _Capture:
@@ -144,7 +143,7 @@ def run_facts(
                 time=at,
             )
         )
-    abandoned = not any(f.type in TERMINAL_TYPES for f in facts)
+    abandoned = ending_event(facts) is None
     return RunFacts(events=tuple(facts), usage=tuple(lines), abandoned=abandoned)
 
 

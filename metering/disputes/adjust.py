@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from metering.money import describe_usd
 from metering.policy import HELD_FOR_REVIEW, Decision, outcome_for
-from metering.status import (
+from metering.policy.status import (
     CANCELLED,
     COMPLETED,
     COMPLETED_CREDITED,

@@ -9,9 +9,9 @@ from typing import Any
 
 import psycopg
 
+from metering.catalogue import USAGE_TYPE
 from metering.config import Settings
 from metering.errors import FieldError, validation_error
-from metering.ingest.catalogue import USAGE_TYPE
 from metering.ingest.store import IngestResult, store_events
 from metering.ingest.validation import TimeWindow, ValidEvent, validate_batch
 from metering.prices import CatalogCache

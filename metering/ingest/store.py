@@ -22,8 +22,8 @@ from typing import Any
 import msgspec
 import psycopg
 
+from metering.catalogue import TERMINAL_TYPES, USAGE_TYPE
 from metering.errors import FieldError, conflict, validation_error
-from metering.ingest.catalogue import TERMINAL_TYPES, USAGE_TYPE
 from metering.ingest.validation import ValidEvent
 from metering.ledger.repo import HOLDS_FROM_USAGE_LINES
 from metering.pricing import PricedUsage

@@ -15,14 +15,14 @@ from typing import Any
 
 import msgspec
 
-from metering.errors import FieldError
-from metering.ingest.catalogue import (
+from metering.catalogue import (
     EVENT_TYPES,
     MAX_COUNT,
     MAX_STEP,
     MAX_TEXT,
     FieldSpec,
 )
+from metering.errors import FieldError
 
 CORE_ATTRIBUTES = ("specversion", "id", "source", "type", "subject", "time")
 # Attributes that describe the transport, not the event: excluded from the content hash so

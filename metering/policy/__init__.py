@@ -14,11 +14,11 @@ from metering.policy.facts import (
     REFUNDED,
     CustomerPeriod,
     Decision,
+    EventFact,
     PolicyConfig,
     RunFacts,
     UsageLine,
 )
-from metering.status import EventFact
 
 __all__ = [
     "CONFIRMED",

@@ -15,8 +15,7 @@ from metering.policy.facts import (
     PolicyConfig,
     RunFacts,
 )
-from metering.policy.timeline import Timeline, build_timeline
-from metering.status import (
+from metering.policy.status import (
     CANCELLED,
     COMPLETED,
     COMPLETED_CREDITED,
@@ -25,6 +24,7 @@ from metering.status import (
     FAILED_RESTORED,
     UNDER_REVIEW,
 )
+from metering.policy.timeline import Timeline, build_timeline
 
 DEFAULT_CONFIG = PolicyConfig()
 

@@ -6,9 +6,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
 
-from metering.policy.facts import UsageLine
+from metering.policy.facts import EventFact, UsageLine
 from metering.policy.timeline import Timeline, event_key, is_verified_interruption
-from metering.status import EventFact
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from metering.policy.timeline import Timeline, event_key, is_client_evidence
-from metering.status import EventFact
+from metering.policy.facts import EventFact
+from metering.policy.timeline import Timeline, ending_event, event_key, is_client_evidence
 
 
 class Ending(StrEnum):
@@ -36,7 +37,15 @@ class EndingRuling:
 
 
 def ending_of(timeline: Timeline) -> Ending:
-    terminal = timeline.terminal
+    return _ending(timeline.terminal)
+
+
+def ending_of_events(events: Iterable[EventFact]) -> Ending:
+    """How a run with these events ended (``ABANDONED`` without a terminal event)."""
+    return _ending(ending_event(events))
+
+
+def _ending(terminal: EventFact | None) -> Ending:
     if terminal is None:
         return Ending.ABANDONED
     if terminal.type == "run.completed":

@@ -9,8 +9,8 @@ from metering.money import describe_usd
 from metering.policy.cap import CapBreach, CapKind
 from metering.policy.duplicates import RuleHit
 from metering.policy.ending import Ending, EndingRuling, Verdict
+from metering.policy.facts import EventFact
 from metering.policy.timeline import Timeline
-from metering.status import EventFact
 
 _FAILURE_REASONS = {
     "network": "a network error",

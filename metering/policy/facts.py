@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Final
-
-from metering.status import EventFact
+from typing import Any, Final
 
 CONFIRMED: Final = "confirmed"
 PARTIALLY_CREDITED: Final = "partially_credited"
@@ -15,6 +13,16 @@ HELD_FOR_REVIEW: Final = "held_for_review"
 OUTCOMES: Final = (CONFIRMED, PARTIALLY_CREDITED, REFUNDED, HELD_FOR_REVIEW)
 
 PPM: Final = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class EventFact:
+    """What status and policy need of one stored event."""
+
+    event_id: str
+    type: str
+    time: datetime
+    data: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,13 +7,13 @@ repetition of the input.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Final
 
-from metering.ingest.catalogue import TERMINAL_TYPES
-from metering.policy.facts import RunFacts, UsageLine
-from metering.status import EventFact
+from metering.catalogue import TERMINAL_TYPES
+from metering.policy.facts import EventFact, RunFacts, UsageLine
 
 SERVER_FAILURE_CAUSES: Final = frozenset({"network", "server", "provider"})
 
@@ -150,13 +150,23 @@ class Timeline:
         return min(deliveries, key=lambda e: (-int(e.data["step"]), *event_key(e)))
 
 
+def ending_event(events: Iterable[EventFact]) -> EventFact | None:
+    """The terminal event that ended the run; ``None`` while it has none (or abandoned).
+
+    The one definition of how a run ends: policy, settlement, support's wording, the
+    console and the simulator all ask this. Several terminal events (e.g. failed, then a late
+    completed from another source): the first one ended the run, and what came after cannot
+    un-fail it. At one instant the total order of ``event_key`` decides (type name, then
+    id), so a user's ``run.cancelled`` at the moment of a ``run.completed`` is the ending.
+    """
+    terminals = (e for e in events if e.type in TERMINAL_TYPES)
+    return min(terminals, key=event_key, default=None)
+
+
 def build_timeline(facts: RunFacts) -> Timeline:
     """Canonical view of ``facts``; a run without a terminal event must be ``abandoned``."""
     events = _dedupe_events(facts.events)
-    terminals = [e for e in events if e.type in TERMINAL_TYPES]
-    # Several terminal events (e.g. failed, then a late completed from another source): the
-    # first one ended the run; what came after cannot un-fail it.
-    terminal = min(terminals, key=event_key, default=None)
+    terminal = ending_event(events)
     if terminal is None and not facts.abandoned:
         raise ValueError("a run without a terminal event can only be settled as abandoned")
     return Timeline(events=events, lines=_dedupe_lines(facts.usage), terminal=terminal)

@@ -31,6 +31,7 @@ from metering.policy import (
     RunFacts,
     decide,
 )
+from metering.policy.ending import Ending, ending_of_events
 from metering.settlement import repo
 from metering.settlement.due import Windows, due_at
 from metering.statements.projection import LineChange, record_lines
@@ -196,23 +197,10 @@ def _billing_changes(
     ]
 
 
-TERMINAL_ORDER = {"run.completed": 0, "run.cancelled": 1, "run.failed": 2}
-
-
 def ended_kind(events: Sequence[EventFact]) -> str:
-    """How the run ended, in the words ``apply_support`` needs (earliest terminal event)."""
-    terminal = sorted(
-        (e for e in events if e.type in TERMINAL_ORDER),
-        key=lambda e: (e.time, TERMINAL_ORDER[e.type], e.event_id),
-    )
-    if not terminal:
-        return "failed"  # abandoned
-    first = terminal[0]
-    if first.type == "run.completed":
-        return "completed"
-    if first.type == "run.cancelled" and first.data.get("by") == "user":
-        return "cancelled"
-    return "failed"
+    """How the run ended (the policy's one definition), in the words ``apply_support`` uses."""
+    ending = ending_of_events(events)
+    return {Ending.COMPLETED: "completed", Ending.USER_CANCELLED: "cancelled"}.get(ending, "failed")
 
 
 def _comparable(decision: Decision) -> tuple[str, int, int, tuple[int, ...], tuple[str, ...]]:

@@ -25,9 +25,9 @@ import httpx
 import psutil
 import pytest
 
+from metering.policy.status import AGENT_RUNNING
 from metering.prices import read_catalog_file
 from metering.pricing import PriceCatalog, TokenCounts
-from metering.status import AGENT_RUNNING
 from tests.support.events import STRUCTURED, auth, usage
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from metering.ingest.catalogue import TERMINAL_TYPES
+from metering.catalogue import TERMINAL_TYPES
 from metering.policy import CustomerPeriod, EventFact, RunFacts, UsageLine
 
 DAY = datetime(2025, 3, 3, tzinfo=UTC)

@@ -11,7 +11,6 @@ from zoneinfo import ZoneInfo
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from metering import status
 from metering.policy import (
     CONFIRMED,
     HELD_FOR_REVIEW,
@@ -24,6 +23,7 @@ from metering.policy import (
     RunFacts,
     UsageLine,
     decide,
+    status,
 )
 from tests.unit.policy_factories import DAY, ROOMY
 

@@ -6,7 +6,6 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from metering import status
 from metering.policy import (
     CONFIRMED,
     HELD_FOR_REVIEW,
@@ -18,6 +17,7 @@ from metering.policy import (
     RunFacts,
     UsageLine,
     decide,
+    status,
 )
 from tests.unit.policy_factories import (
     at,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from datetime import UTC, datetime, timedelta
 
-from metering.status import (
+from metering.policy.status import (
     AGENT_RUNNING,
     CONNECTION_INTERRUPTED,
     RECONNECTING,

@@ -6,9 +6,9 @@ Unsettled runs are read off their events in time order; settled runs off their d
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, Final
+from typing import Final
+
+from metering.policy.facts import EventFact
 
 AGENT_RUNNING: Final = "Agent still running"
 CONNECTION_INTERRUPTED: Final = "Connection interrupted"
@@ -33,16 +33,6 @@ _TYPE_ORDER = {
     "connection.restored": 2,
     "run.resumed": 3,
 }
-
-
-@dataclass(frozen=True, slots=True)
-class EventFact:
-    """What status and policy need of one stored event."""
-
-    event_id: str
-    type: str
-    time: datetime
-    data: dict[str, Any]
 
 
 def live_status(events: Iterable[EventFact], *, terminal: bool) -> str:
