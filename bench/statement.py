@@ -29,7 +29,7 @@ from metering.keys import Scope  # noqa: E402
 from metering.keys_repo import create_key  # noqa: E402
 from metering.statements.query import LINE_SELECT  # noqa: E402
 from tests.conftest import free_port, wait_http  # noqa: E402
-from tests.support.bulk import settled_runs  # noqa: E402
+from tests.helpers.bulk import settled_runs  # noqa: E402
 
 DATABASE = "fairmeter_bench_statement"
 START = "<!-- bench/statement.py: generated from here -->"

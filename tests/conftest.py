@@ -22,8 +22,8 @@ from metering.keys import Scope
 from metering.keys_repo import create_key
 from metering.migrate import upgrade
 from metering.prices import insert_prices
-from tests.support.catalog import stable_prices
-from tests.support.services import (
+from tests.helpers.catalog import stable_prices
+from tests.helpers.services import (
     TEST_DATABASE,
     drop_database,
     drop_stale_test_databases,

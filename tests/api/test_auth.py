@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from metering.keys import Scope, generate_key
-from tests.support.events import STRUCTURED, auth, usage
+from tests.helpers.events import STRUCTURED, auth, usage
 
 
 def ingest(client: Any, key: str, body: Any) -> Any:

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from tests.conftest import ROOT, service_env
-from tests.support.events import BATCH, auth, event, usage
+from tests.helpers.events import BATCH, auth, event, usage
 
 T0 = datetime.now(UTC) - timedelta(hours=2)
 

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from metering.settlement.runner import settle_due_now
-from tests.support.events import auth, event
-from tests.support.ingest import ingest
-from tests.support.scenarios import KINDS, scenario
+from tests.helpers.events import auth, event
+from tests.helpers.ingest import ingest
+from tests.helpers.scenarios import KINDS, scenario
 
 NOW = datetime.now(UTC)
 PERIOD = NOW.strftime("%Y-%m")

@@ -16,8 +16,8 @@ from metering.billing.service import link_customer
 from metering.config import Settings
 from metering.db import raw_transaction
 from metering.settlement.runner import settle_due_now
-from tests.support.ingest import ingest
-from tests.support.scenarios import scenario
+from tests.helpers.ingest import ingest
+from tests.helpers.scenarios import scenario
 
 
 @pytest.fixture

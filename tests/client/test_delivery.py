@@ -20,7 +20,7 @@ from tests.client.conftest import (
     stored_events,
 )
 from tests.conftest import free_port
-from tests.support.events import STRUCTURED, auth, event
+from tests.helpers.events import STRUCTURED, auth, event
 
 
 def report_usage(run, steps, **tokens):

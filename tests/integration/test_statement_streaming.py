@@ -10,7 +10,7 @@ import httpx
 import psutil
 
 from tests.conftest import ROOT, free_port, service_env, wait_http
-from tests.support.bulk import settled_runs
+from tests.helpers.bulk import settled_runs
 
 RUNS = 100_000
 PEAK_GROWTH_LIMIT = 60 * 1024 * 1024

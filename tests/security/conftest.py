@@ -105,8 +105,8 @@ def seed_tenant(engine: Any, settings: Settings, *, tenant: str = "acme") -> Ten
     from metering.disputes import service
     from metering.keys import Principal, Scope
     from metering.settlement.runner import settle_due_now
-    from tests.support.ingest import ingest
-    from tests.support.scenarios import scenario
+    from tests.helpers.ingest import ingest
+    from tests.helpers.scenarios import scenario
 
     now = datetime.now(UTC)
     start = now - timedelta(hours=3)

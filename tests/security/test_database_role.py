@@ -23,9 +23,9 @@ import psycopg
 import pytest
 
 from tests.conftest import ROOT
+from tests.helpers.events import BATCH, auth
+from tests.helpers.scenarios import scenario
 from tests.security.conftest import serve
-from tests.support.events import BATCH, auth
-from tests.support.scenarios import scenario
 
 pytestmark = pytest.mark.timeout(120)
 

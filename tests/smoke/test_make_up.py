@@ -28,7 +28,7 @@ import pytest
 from metering.prices import read_catalog_file
 from metering.pricing import PriceCatalog, TokenCounts
 from metering.status import AGENT_RUNNING
-from tests.support.events import STRUCTURED, auth, usage
+from tests.helpers.events import STRUCTURED, auth, usage
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 120.0
