@@ -212,7 +212,8 @@ def test_cli_prints_the_statement(month, settings):
     import subprocess
     import sys
 
-    from tests.conftest import ROOT, service_env
+    from tests.helpers import ROOT
+    from tests.helpers.processes import service_env
 
     done = subprocess.run(
         [

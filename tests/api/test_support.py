@@ -276,7 +276,8 @@ def test_cli_credits_a_run_and_lists_disputes(client, make_key, settings, db, ru
     import subprocess
     import sys
 
-    from tests.conftest import ROOT, service_env
+    from tests.helpers import ROOT
+    from tests.helpers.processes import service_env
 
     open_dispute(client, make_key(scope="support"))
 

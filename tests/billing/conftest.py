@@ -114,7 +114,8 @@ def webhook_api(settings: Settings, stripe_settings: Settings) -> Iterator[str]:
     import subprocess
     import sys
 
-    from tests.conftest import ROOT, free_port, service_env, wait_http
+    from tests.helpers import ROOT
+    from tests.helpers.processes import free_port, service_env, wait_http
 
     port = free_port()
     env = service_env(settings) | {

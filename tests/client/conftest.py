@@ -17,7 +17,8 @@ import psycopg
 import pytest
 
 from metering.config import Settings
-from tests.conftest import ROOT, free_port, service_env, wait_http
+from tests.helpers import ROOT
+from tests.helpers.processes import free_port, service_env, wait_http
 
 SOURCE = "agent-backend/client-test"
 MODEL = "agent-large-1"

@@ -19,8 +19,8 @@ from tests.client.conftest import (
     start_snippet,
     stored_events,
 )
-from tests.conftest import free_port
 from tests.helpers.events import STRUCTURED, auth, event
+from tests.helpers.processes import free_port
 
 
 def report_usage(run, steps, **tokens):

@@ -35,8 +35,10 @@ from metering.config import Settings
 from metering.db import create_db_engine, raw_transaction
 from metering.keys import Scope
 from metering.keys_repo import create_key
-from tests.conftest import DATA_TABLES, ROOT, TEST_PEPPER, free_port, wait_http
-from tests.reconciler.conftest import start, worker_env
+from tests.helpers import ROOT
+from tests.helpers.celery_worker import start_celery, worker_env
+from tests.helpers.database import DATA_TABLES, TEST_PEPPER
+from tests.helpers.processes import free_port, wait_http
 from tests.reliability.servers import PrivatePostgres, PrivateRedis, fairmeter_database, wait_for
 
 # The reconciler suite's beat interval and grace, plus a claim lease short enough that the
@@ -127,7 +129,7 @@ class Stack:
         """A prefork worker with two children, logging every task it receives (INFO)."""
         args = ["worker", "--concurrency", "2", "--loglevel", "INFO"]
         args += ["--hostname", f"{name}-{os.getpid()}-{next(_hosts)}@%h", "--without-mingle"]
-        proc = start([*args, "--without-gossip"], env, self.logs / f"{name}.log")
+        proc = start_celery([*args, "--without-gossip"], env, self.logs / f"{name}.log")
         self._procs.append(proc)
         # Celery gives up for good ("Could not start worker processes") when a child dies
         # while the pool is still starting, so faults begin once it is ready.
@@ -137,7 +139,7 @@ class Stack:
     def beat(self, env: dict[str, str]) -> subprocess.Popen[bytes]:
         schedule = self.logs / "beat-schedule"
         args = ["beat", "--schedule", str(schedule), "--loglevel", "INFO"]
-        proc = start(args, env, self.logs / "beat.log")
+        proc = start_celery(args, env, self.logs / "beat.log")
         self._procs.append(proc)
         return proc
 

@@ -23,7 +23,7 @@ import psutil
 import psycopg
 import redis
 
-from tests.conftest import free_port
+from tests.helpers.processes import free_port
 
 POSTGRES_BIN_DIRS = sorted(
     Path("/usr/lib/postgresql").glob("*/bin"),

@@ -21,9 +21,9 @@ from metering.config import Settings
 from metering.db import create_db_engine, raw_transaction
 from metering.keys import Scope
 from metering.keys_repo import create_key
-from tests.conftest import TEST_PEPPER
+from tests.helpers.database import TEST_PEPPER
 from tests.helpers.ingest import ingest
-from tests.reconciler.conftest import wait_until
+from tests.helpers.processes import wait_until
 from tests.reliability.books import Workload, all_settled, check_books, settled_runs
 from tests.reliability.conftest import HttpIngest
 from tests.reliability.servers import PrivatePostgres, fairmeter_database

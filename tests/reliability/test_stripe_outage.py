@@ -22,7 +22,7 @@ from devtools.stripe_emulator.control_client import EmulatorControl
 from metering.billing.gateway import StripeGateway
 from metering.billing.service import link_customer
 from tests.helpers.ingest import ingest
-from tests.reconciler.conftest import wait_until
+from tests.helpers.processes import wait_until
 from tests.reliability.books import Workload, all_settled, check_books, settled_runs
 
 START = datetime.now(UTC) - timedelta(minutes=30)

@@ -12,7 +12,7 @@ from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 
 from tests.helpers.ingest import ingest
-from tests.reconciler.conftest import wait_until
+from tests.helpers.processes import wait_until
 from tests.reliability.books import Workload, all_settled, check_books, settled_runs
 from tests.reliability.conftest import customers_locked
 

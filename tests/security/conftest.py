@@ -14,7 +14,8 @@ from typing import Any
 from litestar.testing import TestClient
 
 from metering.config import Settings
-from tests.conftest import ROOT, free_port, service_env, wait_http
+from tests.helpers import ROOT
+from tests.helpers.processes import free_port, service_env, wait_http
 
 SERVE = (sys.executable, "-m", "cli", "serve")
 

@@ -22,7 +22,7 @@ import httpx
 import psycopg
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 from tests.helpers.events import BATCH, auth
 from tests.helpers.scenarios import scenario
 from tests.security.conftest import serve

@@ -28,9 +28,9 @@ import pytest
 from metering.prices import read_catalog_file
 from metering.pricing import PriceCatalog, TokenCounts
 from metering.status import AGENT_RUNNING
+from tests.helpers import ROOT
 from tests.helpers.events import STRUCTURED, auth, usage
 
-ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 60.0
 DEMO_TIMEOUT_S = 100.0
