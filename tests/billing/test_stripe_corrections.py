@@ -12,7 +12,7 @@ from metering.disputes.service import Credit, grant_credit
 from metering.keys import Principal, Scope
 from metering.runs import find_run_id
 from metering.settlement.runner import settle_due_now
-from tests.billing.conftest import drain
+from tests.billing.harness import drain
 from tests.helpers.events import event, usage
 from tests.helpers.ingest import ingest
 

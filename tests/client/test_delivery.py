@@ -11,7 +11,7 @@ import httpx
 import pytest
 from fairmeter_client import Meter, MeterConfigError, event_id
 
-from tests.client.conftest import (
+from tests.client.harness import (
     FAST_RETRIES,
     MODEL,
     SOURCE,

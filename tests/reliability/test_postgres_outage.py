@@ -25,7 +25,7 @@ from tests.helpers.database import TEST_PEPPER
 from tests.helpers.ingest import ingest
 from tests.helpers.processes import wait_until
 from tests.reliability.books import Workload, all_settled, check_books, settled_runs
-from tests.reliability.conftest import HttpIngest
+from tests.reliability.load import HttpIngest
 from tests.reliability.servers import PrivatePostgres, fairmeter_database
 from tests.reliability.spooled import report
 

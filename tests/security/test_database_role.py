@@ -25,7 +25,7 @@ import pytest
 from tests.helpers import ROOT
 from tests.helpers.events import BATCH, auth
 from tests.helpers.scenarios import scenario
-from tests.security.conftest import serve
+from tests.security.harness import serve
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -25,7 +25,7 @@ import pytest
 
 from metering.keys import Scope
 from tests.helpers.events import auth, usage
-from tests.security.conftest import TenantData, seed_tenant
+from tests.security.harness import TenantData, seed_tenant
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -18,7 +18,7 @@ from urllib.parse import quote
 import pytest
 
 from tests.helpers.events import STRUCTURED, auth, usage
-from tests.security.conftest import TenantData, client_with, seed_tenant
+from tests.security.harness import TenantData, client_with, seed_tenant
 from tests.security.test_idor_matrix import Operation, bodies, discover, path_values
 
 pytestmark = pytest.mark.timeout(120)

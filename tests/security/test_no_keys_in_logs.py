@@ -24,7 +24,7 @@ from metering.keys import Scope, generate_key, parse_key
 from metering.keys_repo import create_key, revoke_key
 from tests.helpers.database import TEST_PEPPER
 from tests.helpers.events import BATCH, STRUCTURED, usage
-from tests.security.conftest import SERVE, client_with, serve
+from tests.security.harness import SERVE, client_with, serve
 
 pytestmark = pytest.mark.timeout(120)
 

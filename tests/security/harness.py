@@ -1,4 +1,5 @@
-"""Helpers for the security tests: API processes with their own settings, and their logs."""
+"""What the security tests share (no fixtures): API processes with their own settings and
+logs, the app in-process with settings changed, and a tenant seeded with data to protect."""
 
 from __future__ import annotations
 
