@@ -9,8 +9,8 @@ from pathlib import Path
 import httpx
 import psutil
 
+from devtools.bulk import settled_runs
 from tests.helpers import ROOT
-from tests.helpers.bulk import settled_runs
 from tests.helpers.processes import free_port, service_env, wait_http
 
 RUNS = 100_000
