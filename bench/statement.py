@@ -25,11 +25,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.databases import fresh_database  # noqa: E402
+from bench.procs import free_port, wait_http  # noqa: E402
+from devtools.bulk import settled_runs  # noqa: E402
 from metering.keys import Scope  # noqa: E402
 from metering.keys_repo import create_key  # noqa: E402
 from metering.statements.query import LINE_SELECT  # noqa: E402
-from tests.conftest import free_port, wait_http  # noqa: E402
-from tests.support.bulk import settled_runs  # noqa: E402
 
 DATABASE = "fairmeter_bench_statement"
 START = "<!-- bench/statement.py: generated from here -->"

@@ -37,9 +37,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.databases import fresh_database  # noqa: E402
+from bench.procs import free_port  # noqa: E402
 from metering.config import Settings  # noqa: E402
 from metering.db import create_db_engine  # noqa: E402
-from tests.conftest import free_port  # noqa: E402
 
 DATABASE = "fairmeter_bench_stripe"
 START = "<!-- bench/stripe_sync.py: generated from here -->"

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
-import httpx
 import psycopg
 import pytest
 from litestar.testing import TestClient
@@ -22,8 +17,11 @@ from metering.keys import Scope
 from metering.keys_repo import create_key
 from metering.migrate import upgrade
 from metering.prices import insert_prices
-from tests.support.catalog import stable_prices
-from tests.support.services import (
+from tests.helpers import ROOT
+from tests.helpers.catalog import stable_prices
+from tests.helpers.database import DATA_TABLES, TEST_PEPPER
+from tests.helpers.processes import free_port, service_env, wait_http
+from tests.helpers.services import (
     TEST_DATABASE,
     drop_database,
     drop_stale_test_databases,
@@ -31,28 +29,6 @@ from tests.support.services import (
     recreate_database,
     redis_url,
     server_database_url,
-)
-
-ROOT = Path(__file__).resolve().parents[1]
-TEST_PEPPER = "test-pepper"
-# Tables that hold a test's data; prices and the schema version survive between tests.
-DATA_TABLES = (
-    "audit_log",
-    "disputes",
-    "statement_lines",
-    "stripe_deliveries",
-    "stripe_outbox",
-    "stripe_carries",
-    "stripe_webhook_inbox",
-    "stripe_closed_periods",
-    "decisions",
-    "ledger_entries",
-    "usage_lines",
-    "events",
-    "runs",
-    "api_keys",
-    "customers",
-    "tenants",
 )
 
 
@@ -94,6 +70,7 @@ def engine(settings: Settings) -> Iterator[Any]:
 @pytest.fixture
 def db(engine: Any) -> Iterator[psycopg.Connection[Any]]:
     """A clean database for one test, and an autocommit connection to inspect it."""
+    # A new table that holds a test's data goes into DATA_TABLES (tests/helpers/database.py).
     with raw_transaction(engine) as conn:
         conn.execute(f"TRUNCATE {', '.join(DATA_TABLES)} RESTART IDENTITY CASCADE")
     with psycopg.connect(
@@ -125,35 +102,6 @@ def client(settings: Settings, db: psycopg.Connection[Any]) -> Iterator[TestClie
 
     with TestClient(app=create_app(settings)) as test_client:
         yield test_client
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def service_env(settings: Settings) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        DATABASE_URL=settings.database_url,
-        REDIS_URL=settings.redis_url,
-        FAIRMETER_KEY_PEPPER=settings.key_pepper,
-        FAIRMETER_LOG_LEVEL="WARNING",
-    )
-    return env
-
-
-def wait_http(url: str, deadline_s: float = 30.0) -> None:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=1).status_code < 500:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"{url} did not answer within {deadline_s}s")
 
 
 @pytest.fixture(scope="session")

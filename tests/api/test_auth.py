@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from metering.keys import Scope, generate_key
-from tests.support.events import STRUCTURED, auth, usage
+from tests.helpers.events import STRUCTURED, auth, usage
 
 
 def ingest(client: Any, key: str, body: Any) -> Any:
@@ -113,7 +113,7 @@ def test_revoked_key_is_401(client, engine, stored_run):
 def test_expired_key_is_401(client, engine, stored_run):
     from metering.db import raw_transaction
     from metering.keys_repo import create_key
-    from tests.conftest import TEST_PEPPER
+    from tests.helpers.database import TEST_PEPPER
 
     with raw_transaction(engine) as conn:
         _, raw = create_key(

@@ -8,7 +8,7 @@ from typing import Any
 
 from metering.prices import insert_prices
 from metering.pricing import Price, TokenClass
-from tests.support.events import BATCH, STRUCTURED, auth, event, usage
+from tests.helpers.events import BATCH, STRUCTURED, auth, event, usage
 
 
 def post(client: Any, key: str, body: Any, headers: dict[str, str] = STRUCTURED) -> Any:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.events import BATCH, STRUCTURED, auth, event, usage
+from tests.helpers.events import BATCH, STRUCTURED, auth, event, usage
 
 
 def post_raw(client: Any, key: str, content: bytes | str, headers: dict[str, str]) -> Any:

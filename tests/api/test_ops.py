@@ -6,7 +6,7 @@ import json
 
 from litestar.testing import TestClient
 
-from tests.support.events import STRUCTURED, auth, usage
+from tests.helpers.events import STRUCTURED, auth, usage
 
 
 def test_healthz_answers(client):

@@ -6,7 +6,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tests.support.events import BATCH, auth, event, usage
+from tests.helpers.events import BATCH, auth, event, usage
 
 T0 = datetime.now(UTC) - timedelta(minutes=30)
 

@@ -8,8 +8,9 @@ import sys
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tests.conftest import ROOT, service_env
-from tests.support.events import BATCH, auth, event, usage
+from tests.helpers import ROOT
+from tests.helpers.events import BATCH, auth, event, usage
+from tests.helpers.processes import service_env
 
 T0 = datetime.now(UTC) - timedelta(hours=2)
 

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from metering.settlement.runner import settle_due_now
-from tests.support.events import auth, event
-from tests.support.ingest import ingest
-from tests.support.scenarios import KINDS, scenario
+from tests.helpers.events import auth, event
+from tests.helpers.ingest import ingest
+from tests.helpers.scenarios import KINDS, scenario
 
 NOW = datetime.now(UTC)
 PERIOD = NOW.strftime("%Y-%m")
@@ -212,7 +212,8 @@ def test_cli_prints_the_statement(month, settings):
     import subprocess
     import sys
 
-    from tests.conftest import ROOT, service_env
+    from tests.helpers import ROOT
+    from tests.helpers.processes import service_env
 
     done = subprocess.run(
         [

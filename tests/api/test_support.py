@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from metering.settlement.runner import settle_due_now
-from tests.support.events import auth, event
-from tests.support.ingest import ingest
-from tests.support.scenarios import scenario
+from tests.helpers.events import auth, event
+from tests.helpers.ingest import ingest
+from tests.helpers.scenarios import scenario
 
 NOW = datetime.now(UTC)
 START = NOW - timedelta(hours=3)
@@ -146,7 +146,7 @@ def test_credit_above_the_support_limit_needs_an_admin(client, make_key, setting
 
 def ingest_big_run(client: Any, make_key: Any, limit: int) -> None:
     """A completed run billing more than ``limit`` (reasoner model, many output tokens)."""
-    from tests.support.events import BATCH, usage
+    from tests.helpers.events import BATCH, usage
 
     tokens = limit // 10  # agent-reasoner-2 output at 40 USD/Mtok: bills 4 × the limit
     events = [
@@ -276,7 +276,8 @@ def test_cli_credits_a_run_and_lists_disputes(client, make_key, settings, db, ru
     import subprocess
     import sys
 
-    from tests.conftest import ROOT, service_env
+    from tests.helpers import ROOT
+    from tests.helpers.processes import service_env
 
     open_dispute(client, make_key(scope="support"))
 

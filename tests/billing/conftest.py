@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -11,13 +10,8 @@ import stripe
 
 from devtools.stripe_emulator import EmulatorServer
 from devtools.stripe_emulator.control_client import EmulatorControl
-from metering.billing.push import Pusher, PushReport
 from metering.billing.service import link_customer
 from metering.config import Settings
-from metering.db import raw_transaction
-from metering.settlement.runner import settle_due_now
-from tests.support.ingest import ingest
-from tests.support.scenarios import scenario
 
 
 @pytest.fixture
@@ -70,51 +64,14 @@ def link(engine: Any, sdk: stripe.StripeClient) -> Callable[[str], str]:
     return linker
 
 
-def drain(pusher: Pusher, engine: Any, deadline_s: float = 120) -> list[PushReport]:
-    """Push until no row is pending (bounded); returns each round's report."""
-    import time
-
-    reports = []
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        reports.append(pusher.push_due())
-        with raw_transaction(engine) as conn:
-            (pending,) = conn.execute(
-                "SELECT count(*) FROM stripe_outbox WHERE status = 'pending'"
-            ).fetchone() or (0,)
-        if pending == 0:
-            return reports
-        time.sleep(0.05)
-    raise TimeoutError("outbox still has pending rows")
-
-
-def settled_runs(
-    engine: Any,
-    settings: Settings,
-    runs: int,
-    customers: int,
-    kinds: tuple[str, ...] = ("completed", "partial-delivery", "user-cancel"),
-    start: datetime | None = None,
-) -> None:
-    start = start or datetime.now(UTC) - timedelta(hours=2)
-    batch: list[dict[str, Any]] = []
-    for i in range(runs):
-        batch += scenario(kinds[i % len(kinds)], f"run-{i}", f"cust-{i % customers}", start)
-        if len(batch) >= 900:
-            ingest(engine, settings, batch)
-            batch = []
-    if batch:
-        ingest(engine, settings, batch)
-    settle_due_now(engine, settings, now=datetime.now(UTC))
-
-
 @pytest.fixture
 def webhook_api(settings: Settings, stripe_settings: Settings) -> Iterator[str]:
     """The real API in its own process, with the webhook signing secret configured."""
     import subprocess
     import sys
 
-    from tests.conftest import ROOT, free_port, service_env, wait_http
+    from tests.helpers import ROOT
+    from tests.helpers.processes import free_port, service_env, wait_http
 
     port = free_port()
     env = service_env(settings) | {

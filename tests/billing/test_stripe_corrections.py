@@ -12,9 +12,9 @@ from metering.disputes.service import Credit, grant_credit
 from metering.keys import Principal, Scope
 from metering.runs import find_run_id
 from metering.settlement.runner import settle_due_now
-from tests.billing.conftest import drain
-from tests.support.events import event, usage
-from tests.support.ingest import ingest
+from tests.billing.harness import drain
+from tests.helpers.events import event, usage
+from tests.helpers.ingest import ingest
 
 START = datetime.now(UTC) - timedelta(hours=2)
 ADMIN = Principal(tenant_id="acme", scope=Scope.ADMIN, key_id="test-admin")

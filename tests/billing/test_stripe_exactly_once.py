@@ -11,8 +11,9 @@ from collections import Counter
 
 from metering.billing.push import Pusher
 from metering.db import raw_transaction
-from tests.billing.conftest import drain, settled_runs
-from tests.conftest import ROOT, service_env
+from tests.billing.harness import drain, settled_runs
+from tests.helpers import ROOT
+from tests.helpers.processes import service_env
 
 CUSTOMERS = 20
 

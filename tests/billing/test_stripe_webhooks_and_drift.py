@@ -11,7 +11,7 @@ import httpx
 from devtools.stripe_emulator.webhooks import signature_header
 from metering.billing.push import Pusher
 from metering.billing.service import drift, handle_webhooks
-from tests.billing.conftest import drain, settled_runs
+from tests.billing.harness import drain, settled_runs
 
 SECRET = "whsec_test"
 

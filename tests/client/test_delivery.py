@@ -11,7 +11,7 @@ import httpx
 import pytest
 from fairmeter_client import Meter, MeterConfigError, event_id
 
-from tests.client.conftest import (
+from tests.client.harness import (
     FAST_RETRIES,
     MODEL,
     SOURCE,
@@ -19,8 +19,8 @@ from tests.client.conftest import (
     start_snippet,
     stored_events,
 )
-from tests.conftest import free_port
-from tests.support.events import STRUCTURED, auth, event
+from tests.helpers.events import STRUCTURED, auth, event
+from tests.helpers.processes import free_port
 
 
 def report_usage(run, steps, **tokens):

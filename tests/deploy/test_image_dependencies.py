@@ -11,11 +11,11 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import ROOT
+
 EXPORT = ("export", "--frozen", "--no-default-groups", "--no-hashes", "--no-emit-project")
 
 RUNTIME_ALLOW_LIST = frozenset(

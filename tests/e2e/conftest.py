@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import ROOT
+
 CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+ARTIFACTS = ROOT / "test-artifacts"
 
 
 @pytest.fixture(scope="session")

@@ -16,9 +16,9 @@ from metering.errors import MeteringError
 from metering.keys import Principal, Scope
 from metering.money import format_usd
 from metering.settlement.runner import settle_due_now
-from tests.support.events import event, usage
-from tests.support.ingest import ingest
-from tests.support.scenarios import scenario
+from tests.helpers.events import event, usage
+from tests.helpers.ingest import ingest
+from tests.helpers.scenarios import scenario
 
 NOW = datetime.now(UTC)
 WAIT_MS = 10_000

@@ -6,8 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 from metering.money import format_usd
 from metering.settlement.runner import settle_due_now
-from tests.support.ingest import ingest
-from tests.support.scenarios import KINDS, scenario
+from tests.helpers.ingest import ingest
+from tests.helpers.scenarios import KINDS, scenario
 
 NOW = datetime.now(UTC)
 PERIOD = NOW.strftime("%Y-%m")

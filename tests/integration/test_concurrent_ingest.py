@@ -11,13 +11,13 @@ from typing import Any
 
 import httpx
 
-from tests.support.events import iso
+from tests.helpers.events import iso
 
 CLIENTS = 32
 EVENTS = 1000
 ROUNDS = 3
 BATCH = 50
-# Test catalog prices in micro-USD per million tokens (tests/support/prices.csv).
+# Test catalog prices in micro-USD per million tokens (tests/helpers/prices.csv).
 PRICES = {
     "agent-large-1": (3_000_000, 300_000, 15_000_000),
     "agent-small-1": (250_000, 25_000, 1_250_000),

@@ -18,8 +18,8 @@ from metering.ingest.service import IngestRequest, PreparedRequest, prepare_requ
 from metering.ingest.store import IngestResult
 from metering.keys_repo import ensure_tenant
 from metering.prices import CatalogCache, load_catalog
-from tests.support.aio import run_in_fresh_loop
-from tests.support.events import event, usage
+from tests.helpers.aio import run_in_fresh_loop
+from tests.helpers.events import event, usage
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from sqlalchemy import create_engine
 from metering.config import to_psycopg_url
 from metering.migrate import downgrade, upgrade
 from metering.models import metadata
-from tests.support.services import drop_database, recreate_database, server_database_url
+from tests.helpers.services import drop_database, recreate_database, server_database_url
 
 SCRATCH = f"fairmeter_test_migrations_{os.getpid()}"
 
@@ -58,7 +58,7 @@ def test_ledger_refuses_updates_and_deletes(database_url, db, make_key, client):
 
     import pytest
 
-    from tests.support.events import STRUCTURED, auth, usage
+    from tests.helpers.events import STRUCTURED, auth, usage
 
     reply = client.post(
         "/v1/events", content=json.dumps(usage()), headers=auth(make_key(), **STRUCTURED)

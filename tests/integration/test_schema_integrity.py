@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.support.events import STRUCTURED, auth, usage
+from tests.helpers.events import STRUCTURED, auth, usage
 
 
 def _ingest(client: Any, key: str, **fields: Any) -> None:

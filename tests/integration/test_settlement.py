@@ -9,8 +9,8 @@ from typing import Any
 from metering.db import raw_transaction
 from metering.settlement.runner import settle_chunk, settle_due_now
 from metering.settlement.settle import settle_runs
-from tests.support.events import event, usage
-from tests.support.ingest import ingest
+from tests.helpers.events import event, usage
+from tests.helpers.ingest import ingest
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 T0 = NOW - timedelta(hours=2)

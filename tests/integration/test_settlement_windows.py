@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from metering.db import raw_transaction
 from metering.settlement.due import IS_DUE_SQL, RunClock, Windows, cutoff_params, due_at
 from metering.settlement.runner import claim_due_chunks
-from tests.support.events import event, usage
-from tests.support.ingest import ingest
+from tests.helpers.events import event, usage
+from tests.helpers.ingest import ingest
 
 T = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import httpx
 import psutil
 
-from tests.conftest import ROOT, free_port, service_env, wait_http
-from tests.support.bulk import settled_runs
+from devtools.bulk import settled_runs
+from tests.helpers import ROOT
+from tests.helpers.processes import free_port, service_env, wait_http
 
 RUNS = 100_000
 PEAK_GROWTH_LIMIT = 60 * 1024 * 1024

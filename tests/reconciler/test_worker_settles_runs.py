@@ -8,9 +8,9 @@ from typing import Any
 
 from celery import Celery
 
-from tests.reconciler.conftest import wait_until
-from tests.support.ingest import ingest
-from tests.support.scenarios import KINDS, scenario
+from tests.helpers.ingest import ingest
+from tests.helpers.processes import wait_until
+from tests.helpers.scenarios import KINDS, scenario
 
 NOW = datetime.now(UTC)
 START = NOW - timedelta(minutes=30)

@@ -1,7 +1,7 @@
 """The oracle: what the books must say, computed from the events that were sent.
 
 ``expected_books`` prices every usage event at its own time and applies the outcome its
-scenario kind must settle to (``tests/support/scenarios.py``); ``check_books`` compares that
+scenario kind must settle to (``tests/helpers/scenarios.py``); ``check_books`` compares that
 with what is stored, run by run and customer by customer, and checks the structural rules a
 fault could break: every event stored once, one hold per usage line, one decision version
 per run (no late evidence in these tests), every decision with exactly its postings, no run
@@ -19,7 +19,7 @@ from typing import Any
 
 from metering.prices import load_catalog
 from metering.pricing import PriceCatalog, TokenCounts
-from tests.support.scenarios import KINDS, scenario
+from tests.helpers.scenarios import KINDS, scenario
 
 REFUNDED, PARTIAL, HELD = "refunded", "partially_credited", "held_for_review"
 

@@ -18,16 +18,11 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-import psutil
 import psycopg
 import pytest
 
@@ -35,8 +30,11 @@ from metering.config import Settings
 from metering.db import create_db_engine, raw_transaction
 from metering.keys import Scope
 from metering.keys_repo import create_key
-from tests.conftest import DATA_TABLES, ROOT, TEST_PEPPER, free_port, wait_http
-from tests.reconciler.conftest import start, worker_env
+from tests.helpers import ROOT
+from tests.helpers.celery_worker import start_celery, worker_env
+from tests.helpers.database import DATA_TABLES, TEST_PEPPER
+from tests.helpers.processes import free_port, wait_http
+from tests.reliability.load import HttpIngest
 from tests.reliability.servers import PrivatePostgres, PrivateRedis, fairmeter_database, wait_for
 
 # The reconciler suite's beat interval and grace, plus a claim lease short enough that the
@@ -127,7 +125,7 @@ class Stack:
         """A prefork worker with two children, logging every task it receives (INFO)."""
         args = ["worker", "--concurrency", "2", "--loglevel", "INFO"]
         args += ["--hostname", f"{name}-{os.getpid()}-{next(_hosts)}@%h", "--without-mingle"]
-        proc = start([*args, "--without-gossip"], env, self.logs / f"{name}.log")
+        proc = start_celery([*args, "--without-gossip"], env, self.logs / f"{name}.log")
         self._procs.append(proc)
         # Celery gives up for good ("Could not start worker processes") when a child dies
         # while the pool is still starting, so faults begin once it is ready.
@@ -137,7 +135,7 @@ class Stack:
     def beat(self, env: dict[str, str]) -> subprocess.Popen[bytes]:
         schedule = self.logs / "beat-schedule"
         args = ["beat", "--schedule", str(schedule), "--loglevel", "INFO"]
-        proc = start(args, env, self.logs / "beat.log")
+        proc = start_celery(args, env, self.logs / "beat.log")
         self._procs.append(proc)
         return proc
 
@@ -195,146 +193,3 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
         yield services
     finally:
         services.stop_all()
-
-
-CUSTOMER_LOCKS = """
-SELECT pg_advisory_xact_lock(hashtextextended(%(tenant)s || '/' || c, 0))
-FROM unnest(%(customers)s::text[]) AS c ORDER BY c
-"""
-
-
-@contextmanager
-def customers_locked(dsn: str, customers: list[str], tenant: str = "acme") -> Iterator[None]:
-    """Hold the customers' settlement locks (``repo.lock_customers``) until the block ends:
-    settle tasks for them wait, inside the task, for as long as the test wants."""
-    with psycopg.connect(dsn) as conn:
-        conn.execute(CUSTOMER_LOCKS, {"tenant": tenant, "customers": customers})
-        yield
-
-
-def worker_children(worker: subprocess.Popen[bytes]) -> list[psutil.Process]:
-    try:
-        return psutil.Process(worker.pid).children()
-    except psutil.NoSuchProcess:
-        return []
-
-
-def child_in_transaction(worker: subprocess.Popen[bytes], db: Any) -> psutil.Process | None:
-    """A worker child with an open database transaction (mid-claim or mid-settlement), found
-    by matching its sockets' ports with ``pg_stat_activity.client_port``."""
-    busy_ports = {
-        port
-        for (port,) in db.execute(
-            "SELECT client_port FROM pg_stat_activity WHERE datname = current_database() "
-            "AND xact_start IS NOT NULL AND pid <> pg_backend_pid()"
-        ).fetchall()
-    }
-    if not busy_ports:
-        return None
-    for child in worker_children(worker):
-        try:
-            ports = {c.laddr.port for c in child.net_connections(kind="tcp")}
-        except psutil.NoSuchProcess:
-            continue
-        if ports & busy_ports:
-            return child
-    return None
-
-
-@dataclass(frozen=True, slots=True)
-class Attempt:
-    phase: str
-    status: int | None  # None: no HTTP answer (connection refused, reset, timeout)
-    retry_after: str | None
-    seconds: float
-    error: str | None = None
-
-
-@dataclass
-class HttpIngest:
-    """Threads that POST batches to ``/v1/events``, each batch again until it is accepted
-    (as a client that owns its events would), recording every attempt with the phase the
-    test was in when it was sent."""
-
-    base_url: str
-    key: str
-    batches: list[list[dict[str, Any]]]
-    threads: int = 2
-    timeout_s: float = 15.0
-    pause_s: float = 0.0
-    phase: str = "before"
-    attempts: list[Attempt] = field(default_factory=list)
-    undelivered: list[int] = field(default_factory=list)
-    _next: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _workers: list[threading.Thread] = field(default_factory=list)
-
-    def start(self) -> HttpIngest:
-        for _ in range(self.threads):
-            thread = threading.Thread(target=self._run, daemon=True)
-            thread.start()
-            self._workers.append(thread)
-        return self
-
-    def join(self, timeout_s: float) -> bool:
-        """Wait until every batch is accepted; on timeout stop retrying and say False."""
-        deadline = time.monotonic() + timeout_s
-        for thread in self._workers:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        self._stop.set()
-        for thread in self._workers:
-            thread.join(self.timeout_s + 1)
-        return not self.undelivered and not any(t.is_alive() for t in self._workers)
-
-    def stop(self) -> None:
-        """Stop retrying (threads end after their current request)."""
-        self._stop.set()
-
-    def _take(self) -> int | None:
-        with self._lock:
-            if self._next >= len(self.batches):
-                return None
-            self._next += 1
-            return self._next - 1
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=self.timeout_s) as client:
-            while not self._stop.is_set() and (index := self._take()) is not None:
-                if not self._deliver(client, self.batches[index]):
-                    with self._lock:
-                        self.undelivered.append(index)
-                time.sleep(self.pause_s)
-
-    def _deliver(self, client: httpx.Client, batch: list[dict[str, Any]]) -> bool:
-        headers = {
-            "authorization": f"Bearer {self.key}",
-            "content-type": "application/cloudevents-batch+json",
-        }
-        while not self._stop.is_set():
-            phase, began = self.phase, time.monotonic()
-            try:
-                reply = client.post(f"{self.base_url}/v1/events", json=batch, headers=headers)
-            except httpx.HTTPError as exc:
-                self._record(Attempt(phase, None, None, time.monotonic() - began, repr(exc)))
-                time.sleep(0.2)
-                continue
-            retry_after = reply.headers.get("retry-after")
-            self._record(Attempt(phase, reply.status_code, retry_after, time.monotonic() - began))
-            if reply.status_code < 300:
-                return True
-            if reply.status_code < 500 and reply.status_code != 429:
-                return False  # refused for good: the batch is undelivered, the test fails
-            time.sleep(min(float(retry_after or 0.2), 1.0))
-        return False
-
-    def _record(self, attempt: Attempt) -> None:
-        with self._lock:
-            self.attempts.append(attempt)
-
-    def statuses(self, phase: str | None = None) -> dict[int | None, int]:
-        counts: dict[int | None, int] = {}
-        for a in self.attempts:
-            if phase is None or a.phase == phase:
-                counts[a.status] = counts.get(a.status, 0) + 1
-        return counts

@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from tests.conftest import free_port
+from tests.helpers.processes import free_port
 
 SSL_REQUEST = 80877103
 GSSENC_REQUEST = 80877104

@@ -23,7 +23,7 @@ import psutil
 import psycopg
 import redis
 
-from tests.conftest import free_port
+from tests.helpers.processes import free_port
 
 POSTGRES_BIN_DIRS = sorted(
     Path("/usr/lib/postgresql").glob("*/bin"),
@@ -207,7 +207,7 @@ def fairmeter_database(server: PrivatePostgres, name: str = "fairmeter") -> str:
     """A database on ``server`` built like the suite's: migrations, then the price catalog."""
     from metering.migrate import upgrade
     from metering.prices import insert_prices
-    from tests.support.catalog import stable_prices
+    from tests.helpers.catalog import stable_prices
 
     url = server.create_database(name)
     upgrade(url)

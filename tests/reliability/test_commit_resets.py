@@ -14,7 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from fairmeter_client import Meter
 
-from tests.reconciler.conftest import wait_until
+from tests.helpers.processes import wait_until
 from tests.reliability.books import Workload, all_settled, check_books, settled_runs
 from tests.reliability.pgproxy import CommitResetProxy, ResetPolicy
 from tests.reliability.spooled import report

@@ -21,13 +21,13 @@ from metering.config import Settings
 from metering.db import create_db_engine, raw_transaction
 from metering.keys import Scope
 from metering.keys_repo import create_key
-from tests.conftest import TEST_PEPPER
-from tests.reconciler.conftest import wait_until
+from tests.helpers.database import TEST_PEPPER
+from tests.helpers.ingest import ingest
+from tests.helpers.processes import wait_until
 from tests.reliability.books import Workload, all_settled, check_books, settled_runs
-from tests.reliability.conftest import HttpIngest
+from tests.reliability.load import HttpIngest
 from tests.reliability.servers import PrivatePostgres, fairmeter_database
 from tests.reliability.spooled import report
-from tests.support.ingest import ingest
 
 START = datetime.now(UTC) - timedelta(minutes=30)
 FREEZE_S = 10.0

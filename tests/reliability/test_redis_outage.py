@@ -15,9 +15,9 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import redis
 
-from tests.reconciler.conftest import wait_until
+from tests.helpers.processes import wait_until
 from tests.reliability.books import Workload, all_settled, check_books, settled_runs, stored_runs
-from tests.reliability.conftest import customers_locked
+from tests.reliability.faults import customers_locked
 
 START = datetime.now(UTC) - timedelta(minutes=30)
 

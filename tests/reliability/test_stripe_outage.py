@@ -21,9 +21,9 @@ from devtools.stripe_emulator import EmulatorServer
 from devtools.stripe_emulator.control_client import EmulatorControl
 from metering.billing.gateway import StripeGateway
 from metering.billing.service import link_customer
-from tests.reconciler.conftest import wait_until
+from tests.helpers.ingest import ingest
+from tests.helpers.processes import wait_until
 from tests.reliability.books import Workload, all_settled, check_books, settled_runs
-from tests.support.ingest import ingest
 
 START = datetime.now(UTC) - timedelta(minutes=30)
 OUTAGE_S = 15

@@ -11,10 +11,10 @@ import re
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 
-from tests.reconciler.conftest import wait_until
+from tests.helpers.ingest import ingest
+from tests.helpers.processes import wait_until
 from tests.reliability.books import Workload, all_settled, check_books, settled_runs
-from tests.reliability.conftest import customers_locked
-from tests.support.ingest import ingest
+from tests.reliability.faults import customers_locked
 
 START = datetime.now(UTC) - timedelta(minutes=30)
 RECEIVED = re.compile(r"Task fairmeter\.settle_run_chunk\[([0-9a-f-]+)\] received")

@@ -15,10 +15,10 @@ import signal
 import time
 from datetime import UTC, datetime, timedelta
 
-from tests.reconciler.conftest import wait_until
+from tests.helpers.ingest import ingest
+from tests.helpers.processes import wait_until
 from tests.reliability.books import Workload, all_settled, check_books, settled_runs
-from tests.reliability.conftest import child_in_transaction, worker_children
-from tests.support.ingest import ingest
+from tests.reliability.faults import child_in_transaction, worker_children
 
 START = datetime.now(UTC) - timedelta(minutes=30)
 RUNS = 1000

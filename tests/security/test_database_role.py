@@ -22,10 +22,10 @@ import httpx
 import psycopg
 import pytest
 
-from tests.conftest import ROOT
-from tests.security.conftest import serve
-from tests.support.events import BATCH, auth
-from tests.support.scenarios import scenario
+from tests.helpers import ROOT
+from tests.helpers.events import BATCH, auth
+from tests.helpers.scenarios import scenario
+from tests.security.harness import serve
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 
 from metering.keys import Scope
-from tests.security.conftest import TenantData, seed_tenant
-from tests.support.events import auth, usage
+from tests.helpers.events import auth, usage
+from tests.security.harness import TenantData, seed_tenant
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -17,9 +17,9 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.security.conftest import TenantData, client_with, seed_tenant
+from tests.helpers.events import STRUCTURED, auth, usage
+from tests.security.harness import TenantData, client_with, seed_tenant
 from tests.security.test_idor_matrix import Operation, bodies, discover, path_values
-from tests.support.events import STRUCTURED, auth, usage
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -22,9 +22,9 @@ from api.logs import redact
 from metering.db import raw_transaction
 from metering.keys import Scope, generate_key, parse_key
 from metering.keys_repo import create_key, revoke_key
-from tests.conftest import TEST_PEPPER
-from tests.security.conftest import SERVE, client_with, serve
-from tests.support.events import BATCH, STRUCTURED, usage
+from tests.helpers.database import TEST_PEPPER
+from tests.helpers.events import BATCH, STRUCTURED, usage
+from tests.security.harness import SERVE, client_with, serve
 
 pytestmark = pytest.mark.timeout(120)
 

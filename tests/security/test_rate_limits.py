@@ -14,9 +14,9 @@ from redis.asyncio import Redis as AsyncRedis
 
 from api.ratelimit import RateLimiter, lease_size
 from metering.keys import Scope, generate_key
-from tests.security.conftest import client_with, serve, unique_prefix
-from tests.support.aio import run_in_fresh_loop
-from tests.support.events import STRUCTURED, auth, usage
+from tests.helpers.aio import run_in_fresh_loop
+from tests.helpers.events import STRUCTURED, auth, usage
+from tests.security.harness import client_with, serve, unique_prefix
 
 pytestmark = pytest.mark.timeout(120)
 

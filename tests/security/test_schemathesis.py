@@ -17,7 +17,7 @@ from schemathesis.config import SchemathesisConfig
 from schemathesis.engine import Status, events, from_schema
 
 from metering.config import Settings
-from tests.security.conftest import Served, seed_tenant, serve
+from tests.security.harness import Served, seed_tenant, serve
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import redis
 
-from tests.reconciler.conftest import start, stop, worker_env
+from tests.helpers.celery_worker import start_celery, stop_celery, worker_env
 
 
 @pytest.fixture(scope="module")
@@ -29,12 +29,12 @@ def settling_worker(settings: Any, tmp_path_factory: Any) -> Iterator[dict[str, 
     redis.Redis.from_url(env["REDIS_URL"]).flushdb()
     logs = tmp_path_factory.mktemp("simulator-celery")
     hostname = f"sim-worker-{os.getpid()}@%h"
-    worker = start(
+    worker = start_celery(
         ["worker", "--concurrency", "2", "--loglevel", "INFO", "--hostname", hostname],
         env,
         logs / "worker.log",
     )
-    beat = start(
+    beat = start_celery(
         ["beat", "--schedule", str(logs / "beat-schedule"), "--loglevel", "INFO"],
         env,
         logs / "beat.log",
@@ -42,5 +42,5 @@ def settling_worker(settings: Any, tmp_path_factory: Any) -> Iterator[dict[str, 
     try:
         yield env
     finally:
-        stop(beat)
-        stop(worker)
+        stop_celery(beat)
+        stop_celery(worker)

@@ -16,7 +16,7 @@ from devtools.simulator.send import Delivery
 from devtools.simulator.simulation import SimulationConfig, simulate
 from metering.policy import CONFIRMED, HELD_FOR_REVIEW, PolicyConfig
 from metering.pricing import PriceCatalog
-from tests.support.catalog import TEST_CATALOG, stable_prices
+from tests.helpers.catalog import TEST_CATALOG, stable_prices
 
 CATALOG = PriceCatalog.from_prices(stable_prices())
 ANCHOR = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,20 +11,7 @@ import stripe
 
 from devtools.stripe_emulator import EmulatorServer
 from devtools.stripe_emulator.control_client import EmulatorControl
-
-EVENT_NAME = "fairmeter_usage"
-
-
-def make_client(
-    url: str, *, retries: int = 0, timeout_s: float | None = None
-) -> stripe.StripeClient:
-    http_client = stripe.RequestsClient(timeout=timeout_s) if timeout_s else None
-    return stripe.StripeClient(
-        "sk_test_emulator",
-        base_addresses={"api": url, "meter_events": url, "files": url, "connect": url},
-        max_network_retries=retries,
-        http_client=http_client,
-    )
+from tests.devtools.stripe_emulator.harness import EVENT_NAME, Inbox, SendEvent, make_client
 
 
 @pytest.fixture
@@ -73,9 +58,6 @@ def hour(control: EmulatorControl) -> int:
     return start
 
 
-SendEvent = Callable[..., stripe.billing.MeterEvent]
-
-
 @pytest.fixture
 def send_event(client: stripe.StripeClient, customer: stripe.Customer, hour: int) -> SendEvent:
     def send(
@@ -97,40 +79,6 @@ def send_event(client: stripe.StripeClient, customer: stripe.Customer, hour: int
         return (via or client).v1.billing.meter_events.create(params=params, options=options)  # type: ignore[arg-type]
 
     return send
-
-
-class Inbox:
-    """A webhook endpoint that records each delivery's raw body and headers."""
-
-    def __init__(self) -> None:
-        self.deliveries: list[tuple[bytes, dict[str, str]]] = []
-        inbox = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                inbox.deliveries.append((body, dict(self.headers)))
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/webhooks/stripe"
-
-    def __enter__(self) -> Inbox:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
 
 
 @pytest.fixture

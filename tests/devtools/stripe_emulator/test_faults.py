@@ -10,7 +10,7 @@ import stripe
 
 from devtools.stripe_emulator import EmulatorServer
 from devtools.stripe_emulator.control_client import EmulatorControl
-from tests.devtools.stripe_emulator.conftest import SendEvent, make_client
+from tests.devtools.stripe_emulator.harness import SendEvent, make_client
 
 METER_EVENTS = "/v1/billing/meter_events"
 

@@ -7,7 +7,7 @@ import stripe
 
 from devtools.stripe_emulator import EmulatorServer
 from devtools.stripe_emulator.control_client import EmulatorControl
-from tests.devtools.stripe_emulator.conftest import EVENT_NAME, SendEvent
+from tests.devtools.stripe_emulator.harness import EVENT_NAME, SendEvent
 
 DAY_S = 86400
 

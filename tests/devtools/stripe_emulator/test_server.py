@@ -11,7 +11,7 @@ import stripe
 from devtools.stripe_emulator import EmulatorServer
 from devtools.stripe_emulator.control_client import EmulatorControl
 from devtools.stripe_emulator.forms import parse_form
-from tests.devtools.stripe_emulator.conftest import make_client
+from tests.devtools.stripe_emulator.harness import make_client
 
 
 def test_missing_or_live_api_key_is_an_authentication_error(server: EmulatorServer) -> None:

@@ -9,7 +9,7 @@ import stripe
 
 from devtools.stripe_emulator import EmulatorServer
 from devtools.stripe_emulator.control_client import EmulatorControl
-from tests.devtools.stripe_emulator.conftest import Inbox, SendEvent
+from tests.devtools.stripe_emulator.harness import Inbox, SendEvent
 
 SECRET = "whsec_emulator_test"
 

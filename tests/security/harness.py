@@ -1,4 +1,5 @@
-"""Helpers for the security tests: API processes with their own settings, and their logs."""
+"""What the security tests share (no fixtures): API processes with their own settings and
+logs, the app in-process with settings changed, and a tenant seeded with data to protect."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from typing import Any
 from litestar.testing import TestClient
 
 from metering.config import Settings
-from tests.conftest import ROOT, free_port, service_env, wait_http
+from tests.helpers import ROOT
+from tests.helpers.processes import free_port, service_env, wait_http
 
 SERVE = (sys.executable, "-m", "cli", "serve")
 
@@ -105,8 +107,8 @@ def seed_tenant(engine: Any, settings: Settings, *, tenant: str = "acme") -> Ten
     from metering.disputes import service
     from metering.keys import Principal, Scope
     from metering.settlement.runner import settle_due_now
-    from tests.support.ingest import ingest
-    from tests.support.scenarios import scenario
+    from tests.helpers.ingest import ingest
+    from tests.helpers.scenarios import scenario
 
     now = datetime.now(UTC)
     start = now - timedelta(hours=3)

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 import socket
-from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import ROOT
+
 LOCAL_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 LOCAL_REDIS_URL = "redis://127.0.0.1:6379/0"
 # One database per test session, so two sessions on one machine (CI, a developer, a

@@ -1,4 +1,8 @@
-"""Bulk test data straight in SQL: many settled runs for one customer, in seconds."""
+"""Bulk data straight in SQL: many settled runs for one customer, in seconds.
+
+For the tests and the benches that need a big statement, not for production: the rows are
+written as settlement would leave them, without going through ingest and the policy.
+"""
 
 from __future__ import annotations
 

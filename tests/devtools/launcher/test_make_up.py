@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,9 +27,10 @@ import pytest
 from metering.policy.status import AGENT_RUNNING
 from metering.prices import read_catalog_file
 from metering.pricing import PriceCatalog, TokenCounts
-from tests.support.events import STRUCTURED, auth, usage
+from tests.helpers import ROOT
+from tests.helpers.events import STRUCTURED, auth, usage
+from tests.helpers.processes import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 60.0
 DEMO_TIMEOUT_S = 100.0
@@ -74,12 +74,6 @@ class Output:
 
     def tail(self, count: int = 60) -> str:
         return "\n".join(self.lines[-count:])
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def launcher_env() -> dict[str, str]:

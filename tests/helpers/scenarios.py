@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from tests.support.events import event, usage
+from tests.helpers.events import event, usage
 
 KINDS = {
     "completed": "confirmed",

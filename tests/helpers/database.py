@@ -1,0 +1,26 @@
+"""Facts about the test database that fixtures in more than one directory rely on."""
+
+from __future__ import annotations
+
+# The pepper the test settings hash API keys with; a test that starts its own process or
+# reads the stored hashes needs the same one.
+TEST_PEPPER = "test-pepper"
+# Tables that hold a test's data; prices and the schema version survive between tests.
+DATA_TABLES = (
+    "audit_log",
+    "disputes",
+    "statement_lines",
+    "stripe_deliveries",
+    "stripe_outbox",
+    "stripe_carries",
+    "stripe_webhook_inbox",
+    "stripe_closed_periods",
+    "decisions",
+    "ledger_entries",
+    "usage_lines",
+    "events",
+    "runs",
+    "api_keys",
+    "customers",
+    "tenants",
+)

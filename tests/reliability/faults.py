@@ -1,0 +1,55 @@
+"""Faults the reliability tests inject by hand: holding the settlement locks, finding the
+Celery child that is mid-transaction (to kill it there)."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psutil
+import psycopg
+
+CUSTOMER_LOCKS = """
+SELECT pg_advisory_xact_lock(hashtextextended(%(tenant)s || '/' || c, 0))
+FROM unnest(%(customers)s::text[]) AS c ORDER BY c
+"""
+
+
+@contextmanager
+def customers_locked(dsn: str, customers: list[str], tenant: str = "acme") -> Iterator[None]:
+    """Hold the customers' settlement locks (``repo.lock_customers``) until the block ends:
+    settle tasks for them wait, inside the task, for as long as the test wants."""
+    with psycopg.connect(dsn) as conn:
+        conn.execute(CUSTOMER_LOCKS, {"tenant": tenant, "customers": customers})
+        yield
+
+
+def worker_children(worker: subprocess.Popen[bytes]) -> list[psutil.Process]:
+    try:
+        return psutil.Process(worker.pid).children()
+    except psutil.NoSuchProcess:
+        return []
+
+
+def child_in_transaction(worker: subprocess.Popen[bytes], db: Any) -> psutil.Process | None:
+    """A worker child with an open database transaction (mid-claim or mid-settlement), found
+    by matching its sockets' ports with ``pg_stat_activity.client_port``."""
+    busy_ports = {
+        port
+        for (port,) in db.execute(
+            "SELECT client_port FROM pg_stat_activity WHERE datname = current_database() "
+            "AND xact_start IS NOT NULL AND pid <> pg_backend_pid()"
+        ).fetchall()
+    }
+    if not busy_ports:
+        return None
+    for child in worker_children(worker):
+        try:
+            ports = {c.laddr.port for c in child.net_connections(kind="tcp")}
+        except psutil.NoSuchProcess:
+            continue
+        if ports & busy_ports:
+            return child
+    return None
