@@ -31,7 +31,7 @@ class ApiProcess:
             cwd=ROOT,
             env=self._env,
         )
-        wait_http(f"{self.base_url}/healthz", deadline_s=30)
+        wait_http(f"{self.base_url}/healthz")
 
     def stop(self) -> None:
         if self._proc is None:

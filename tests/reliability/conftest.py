@@ -152,7 +152,7 @@ class Stack:
         )
         self._procs.append(proc)
         base = f"http://127.0.0.1:{port}"
-        wait_http(f"{base}/healthz", deadline_s=60)
+        wait_http(f"{base}/healthz")
         return base
 
     def ingest(self, base_url: str, key: str, batches: Any, **options: Any) -> HttpIngest:
