@@ -88,7 +88,12 @@ class Settings(BaseSettings):
     sweep_interval_s: float = 1.0
     sweep_batch_size: int = 5000
     settle_chunk_size: int = 200
+    # A claimed chunk waits in the broker's queue for a worker this long at most before the
+    # sweep claims its runs again; nobody can renew it there, so it is long. A worker that
+    # starts the chunk holds the runs on the short `settle_hold_lease_s` instead, renewed
+    # every third of it while it works: a killed worker's runs are claimed again within it.
     claim_lease_s: int = 120
+    settle_hold_lease_s: int = 15
     max_settle_attempts: int = 5
     # Redis redelivers a task not acknowledged within this many seconds (Celery's
     # ``visibility_timeout``). None: four times the hard task time limit, so a running task

@@ -112,6 +112,21 @@ RETURNING runs.id, runs.tenant_id, runs.customer_id, COALESCE(terminal_at, last_
 """
 
 
+# A worker that starts a chunk holds its runs on a lease of its own, short and renewed while
+# it works (``metering/leases.py``), instead of the sweep's: that one must outlast the wait
+# in the broker's queue, which nobody renews. Rows locked by a settlement transaction are
+# skipped, not waited for: the sweep skips them too (SKIP LOCKED), so the lock holds them.
+HOLD_RUNS = """
+UPDATE runs SET claimed_until = %(until)s
+WHERE id IN (
+    SELECT id FROM runs
+    WHERE id = ANY(%(ids)s) AND claimed_until IS NOT NULL
+      AND settled_evidence_version < evidence_version AND parked_at IS NULL
+    FOR UPDATE SKIP LOCKED
+)
+"""
+
+
 @dataclass(frozen=True, slots=True)
 class ClaimedRun:
     run_id: int
@@ -163,6 +178,11 @@ def claim_due_runs(
     claimed = [ClaimedRun(*row) for row in rows]
     claimed.sort(key=lambda c: (c.ended_at, c.run_id))
     return claimed
+
+
+def hold_runs(conn: psycopg.Connection[Any], run_ids: list[int], until: datetime) -> None:
+    """Move the claims of ``run_ids`` still unsettled to end at ``until`` (see ``HOLD_RUNS``)."""
+    conn.execute(HOLD_RUNS, {"ids": run_ids, "until": until})
 
 
 def chunk_by_customer(claimed: list[ClaimedRun], size: int) -> list[list[int]]:
