@@ -49,7 +49,9 @@ class Settings(BaseSettings):
     stripe_cancel_window_s: int = 24 * 3600 - 600
     stripe_push_batch_size: int = 2000
     stripe_push_threads: int = 8
-    stripe_push_lease_s: int = 120
+    # A pusher renews its claim on its customers' rows every third of this while its round
+    # lasts, so a killed pusher's customers are claimed again within it (issue #13 §7).
+    stripe_push_lease_s: int = 15
     stripe_backoff_base_s: float = 2.0
     stripe_backoff_max_s: float = 300.0
     stripe_push_interval_s: float = 2.0
