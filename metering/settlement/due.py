@@ -72,14 +72,21 @@ IS_DUE_SQL = """
 
 # Attempts are counted by claims and reset with them (claimed_until and settle_attempts
 # are set and cleared together), so a run with attempts has a claim, and an expired
-# claim is a range of ``ix_runs_pending_claimed_until``.
+# claim is a range of ``ix_runs_pending_claimed_until``. A run locked by a settlement
+# transaction is being tried right now (its hold is not renewed while locked): it is
+# skipped, not waited for, so a sweep never stalls behind a slow chunk.
 PARK_POISON_RUNS = """
+WITH poison AS (
+    SELECT id FROM runs
+    WHERE settled_evidence_version < evidence_version AND parked_at IS NULL
+      AND claimed_until < %(now)s
+      AND settle_attempts >= %(max_attempts)s
+    FOR UPDATE SKIP LOCKED
+)
 UPDATE runs SET parked_at = %(now)s,
        parked_reason = 'settlement failed ' || settle_attempts || ' times in a row'
-WHERE settled_evidence_version < evidence_version AND parked_at IS NULL
-  AND claimed_until < %(now)s
-  AND settle_attempts >= %(max_attempts)s
-RETURNING id, tenant_id, subject
+FROM poison WHERE runs.id = poison.id
+RETURNING runs.id, runs.tenant_id, runs.subject
 """
 
 # Sweeps take this lock in their transaction, so they claim one after the other: two sweeps
