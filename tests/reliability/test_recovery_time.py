@@ -15,6 +15,7 @@ is slow but alive keeps its work, however many leases it outlasts.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -137,6 +138,15 @@ def still_pending(db: Any, ids: list[int]) -> int:
     return int(count)
 
 
+PUSH_RECEIVED = re.compile(r"Task fairmeter\.push_stripe_outbox\[([0-9a-f-]+)\] received")
+PUSH_ENDED = re.compile(r"Task fairmeter\.push_stripe_outbox\[([0-9a-f-]+)\] (?:succeeded|raised)")
+
+
+def running_pushes(log: str) -> set[str]:
+    """Push tasks a worker's log shows received and not yet finished."""
+    return set(PUSH_RECEIVED.findall(log)) - set(PUSH_ENDED.findall(log))
+
+
 def link_to_stripe(engine: Any, settings: Settings, workload: Workload, url: str) -> None:
     """Every customer gets a Stripe customer on the emulator, and the meter exists."""
     sdk = stripe.StripeClient("sk_test_x", base_addresses={"api": url})
@@ -178,18 +188,25 @@ def test_customers_of_a_pusher_killed_mid_round_are_pushed_by_the_other_within_3
         FAIRMETER_STRIPE_API_BASE=emulator.url,
         FAIRMETER_STRIPE_PUSH_LEASE_S=default_lease_s("stripe_push_lease_s"),
     )
-    # Every meter event is held 3 s at Stripe: a round sends each customer's 5–10 rows one
-    # after another, so it outlasts the second worker's start and the kill lands inside it.
-    control.settings(slow_s=3.0)
+    # Every meter event is held 2 s at Stripe: a round sends each customer's 5–10 rows one
+    # after another, so it lasts long enough for the kill to land inside it.
+    control.settings(slow_s=2.0)
     control.inject_faults(rate=1.0, kinds=["slow"], path="/v1/billing/meter_events")
-    victim = stack.worker(env, name="worker-a")
+    workers = {name: stack.worker(env, name=name) for name in ("worker-a", "worker-b")}
     stack.beat(env)
     assert wait_until(lambda: all_settled(db, 80), timeout_s=60), settled_runs(db)
-    assert wait_until(lambda: len(control.state()["meter_events"]) >= 8, timeout_s=60)
-    stack.worker(env, name="worker-b")  # running before the kill, free to take over
-    held = pending_claimed(db)
-    assert held, "the round ended before the other worker was ready"
-    killed_at = kill_group(victim)
+
+    def pushing() -> str | None:
+        """The worker with a push round under way and meter events already sent."""
+        if len(control.state()["meter_events"]) < 8 or not pending_claimed(db):
+            return None
+        busy = [name for name in workers if running_pushes(stack.log(name))]
+        return busy[0] if len(busy) == 1 else None
+
+    assert wait_until(lambda: pushing() is not None, timeout_s=60), "no round under way"
+    victim = pushing()
+    assert victim is not None, "the round ended before the kill"
+    killed_at = kill_group(workers[victim])
     held = pending_claimed(db)
     control.clear_faults()
     assert held, "the round ended before the kill"
