@@ -49,7 +49,9 @@ class Settings(BaseSettings):
     stripe_cancel_window_s: int = 24 * 3600 - 600
     stripe_push_batch_size: int = 2000
     stripe_push_threads: int = 8
-    stripe_push_lease_s: int = 120
+    # A pusher renews its claim on its customers' rows every third of this while its round
+    # lasts, so a killed pusher's customers are claimed again within it (issue #13 §7).
+    stripe_push_lease_s: int = 15
     stripe_backoff_base_s: float = 2.0
     stripe_backoff_max_s: float = 300.0
     stripe_push_interval_s: float = 2.0
@@ -88,7 +90,12 @@ class Settings(BaseSettings):
     sweep_interval_s: float = 1.0
     sweep_batch_size: int = 5000
     settle_chunk_size: int = 200
+    # A claimed chunk waits in the broker's queue for a worker this long at most before the
+    # sweep claims its runs again; nobody can renew it there, so it is long. A worker that
+    # starts the chunk holds the runs on the short `settle_hold_lease_s` instead, renewed
+    # every third of it while it works: a killed worker's runs are claimed again within it.
     claim_lease_s: int = 120
+    settle_hold_lease_s: int = 15
     max_settle_attempts: int = 5
     # Redis redelivers a task not acknowledged within this many seconds (Celery's
     # ``visibility_timeout``). None: four times the hard task time limit, so a running task
