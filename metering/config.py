@@ -110,8 +110,15 @@ class Settings(BaseSettings):
     # that ended just before midnight still land in it); later changes go to the next one.
     period_close_delay_s: int = 24 * 3600
 
-    # Support: credits above this per run need an admin key.
-    support_credit_limit_micros: int = 50_000_000
+    # Support credits (issue #13): what support keys may give back without an admin. Both
+    # limits are cumulative and count every credit already granted, by any key: a credit
+    # that would take a run's support credits, or a customer's support credits granted that
+    # UTC day, above the limit needs an admin key.
+    support_credit_limit_micros: int = 50_000_000  # per run, all its credits together
+    # Per customer per UTC day, across its runs: four runs credited up to the per-run limit.
+    # Generous for a day of goodwill on one account, yet it bounds what a mistaken or stolen
+    # support key can hand one customer before an admin has to look.
+    support_credit_customer_daily_limit_micros: int = 200_000_000
 
     # Rate limits (issue #8): requests per window per API key, chosen by the key's scope, and
     # per client address for requests without a valid key. Counted in Redis, so all API

@@ -87,3 +87,36 @@ def service_unavailable(detail: str, retry_after_s: int = 5) -> MeteringError:
         title="Service unavailable",
         extra={"retry_after_s": retry_after_s},
     )
+
+
+def credit_exceeds_gross(
+    detail: str, *, creditable_micros: int, credit_micros: int
+) -> MeteringError:
+    """409: the credit is more than the run still bills, so it would take the run's credited
+    amount above its gross; nothing was credited (``creditable_micros`` is what is left)."""
+    return conflict(
+        detail,
+        code="credit_exceeds_gross",
+        creditable_micros=creditable_micros,
+        credit_micros=credit_micros,
+    )
+
+
+def credit_above_limit(
+    detail: str, *, limit: str, limit_micros: int, granted_micros: int, credit_micros: int
+) -> MeteringError:
+    """403: the credit would take support credits above ``limit`` ("per_run" or
+    "per_customer_per_day"); an admin key is needed. ``granted_micros`` counts the credits
+    already granted under that limit."""
+    return MeteringError(
+        detail,
+        code="credit_above_limit",
+        status=403,
+        title="Forbidden",
+        extra={
+            "limit": limit,
+            "limit_micros": limit_micros,
+            "granted_micros": granted_micros,
+            "credit_micros": credit_micros,
+        },
+    )

@@ -39,6 +39,7 @@ TEST_PEPPER = "test-pepper"
 DATA_TABLES = (
     "audit_log",
     "disputes",
+    "support_credits",
     "statement_lines",
     "stripe_deliveries",
     "stripe_outbox",

@@ -175,6 +175,7 @@ def run_page_response(
     flash: dict[str, str] | None = None,
     form: dict[str, str] | None = None,
     limit_micros: int,
+    daily_limit_micros: int,
 ) -> Response[str]:
     """The run page; actions re-render it with their error and the values typed so far."""
     view = found.run
@@ -192,6 +193,7 @@ def run_page_response(
         open_dispute=open_dispute,
         form=form or {},
         limit_micros=limit_micros,
+        daily_limit_micros=daily_limit_micros,
         kinds=sorted({e.type for e in found.events}),
     )
     response.status_code = status
@@ -205,7 +207,11 @@ def run_page(request: Request[Any, Any, Any], state: State, run: FromPath[str]) 
     with raw_transaction(services.engine) as conn:
         found = timeline(conn, console.principal, run)
     return run_page_response(
-        request, console, found, limit_micros=services.settings.support_credit_limit_micros
+        request,
+        console,
+        found,
+        limit_micros=services.settings.support_credit_limit_micros,
+        daily_limit_micros=services.settings.support_credit_customer_daily_limit_micros,
     )
 
 

@@ -17,7 +17,7 @@ from metering.models.events import EventRow, RunRow, UsageLineRow
 from metering.models.ledger import LedgerEntryRow
 from metering.models.settlement import DecisionRow
 from metering.models.statements import StatementLineRow
-from metering.models.support import AuditRow, DisputeRow
+from metering.models.support import AuditRow, DisputeRow, SupportCreditRow
 from metering.models.tenancy import ApiKeyRow, CustomerRow, TenantRow
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "StripeDeliveryRow",
     "StripeOutboxRow",
     "StripeWebhookRow",
+    "SupportCreditRow",
     "TenantRow",
     "UsageLineRow",
     "metadata",
