@@ -30,6 +30,9 @@ CORE_ATTRIBUTES = ("specversion", "id", "source", "type", "subject", "time")
 TRANSPORT_ATTRIBUTES = frozenset({"datacontenttype", "dataschema"})
 EXTENSION_NAME = re.compile(r"^[a-z0-9]{1,20}$")
 JSON_CONTENT_TYPE = re.compile(r"^application/(?:[\w.+-]+\+)?json(?:\s*;.*)?$", re.IGNORECASE)
+# What a PostgreSQL text or jsonb value cannot hold: NUL, and UTF-16 surrogates, which are
+# not characters (JSON can carry one as an escape; a Python caller can pass one).
+UNSTORABLE_CHARACTER = re.compile(r"[\x00\ud800-\udfff]")
 RFC3339 = re.compile(
     r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:[Zz]|[+-]\d{2}:\d{2})$"
 )
@@ -69,7 +72,7 @@ def parse_rfc3339(value: str) -> datetime | None:
         text = match.group(1) + match.group(2)[:6] + match.group(3)
     try:
         return datetime.fromisoformat(text).astimezone(UTC)
-    except ValueError:
+    except (ValueError, OverflowError):  # 0001-01-01T00:00+01:00 is in the year 0 in UTC
         return None
 
 
@@ -201,6 +204,30 @@ def _validate_time(
     return moment
 
 
+def _unstorable_texts(raw: Mapping[str, Any], path: str) -> list[FieldError]:
+    """Each string value of the event that PostgreSQL cannot store, refused here by its path
+    rather than by the database: a database error fails a whole transaction, which may hold
+    other requests too (group commit). Names need no check: one holding such a character
+    is no field or extension name, and is refused as that."""
+    errors = []
+    data = raw.get("data")
+    for prefix, values in ((path, raw), (f"{path}.data", data if isinstance(data, dict) else {})):
+        for name, value in values.items():
+            if not isinstance(value, str) or (value.isascii() and "\x00" not in value):
+                continue  # isascii() is O(1): the common case costs one scan for NUL
+            found = UNSTORABLE_CHARACTER.search(value)
+            if found:
+                errors.append(
+                    FieldError(
+                        f"{prefix}.{name}",
+                        "invalid_character",
+                        f"U+{ord(found.group()):04X} at position {found.start()} cannot be "
+                        "stored (NUL and lone UTF-16 surrogates are not allowed in text)",
+                    )
+                )
+    return errors
+
+
 def validate_event(
     raw: Any, path: str, index: int, window: TimeWindow
 ) -> ValidEvent | list[FieldError]:
@@ -213,6 +240,7 @@ def validate_event(
         errors.append(FieldError(f"{path}.data", "missing_field", "data is required"))
     elif isinstance(event_type, str) and event_type in EVENT_TYPES:
         errors.extend(_validate_data(f"{path}.data", event_type, raw["data"]))
+    errors.extend(_unstorable_texts(raw, path))
     if errors:
         return errors
     assert moment is not None
