@@ -79,6 +79,17 @@ def bad_request(detail: str, code: str = "bad_request") -> MeteringError:
     return MeteringError(detail, code=code, status=400, title="Bad request")
 
 
+def unstorable_value() -> MeteringError:
+    """400 for a value the database refused to store (a data exception), which validation
+    should have refused first with its path. The value is not repeated: it may not print."""
+    return MeteringError(
+        "a value in the request cannot be stored (e.g. a NUL character or a number out of range)",
+        code="invalid_value",
+        status=400,
+        title="Bad request",
+    )
+
+
 def service_unavailable(detail: str, retry_after_s: int = 5) -> MeteringError:
     return MeteringError(
         detail,

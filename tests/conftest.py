@@ -145,7 +145,7 @@ def service_env(settings: Settings) -> dict[str, str]:
     return env
 
 
-def wait_http(url: str, deadline_s: float = 30.0) -> None:
+def wait_http(url: str, deadline_s: float = 120.0) -> None:
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
         try:
