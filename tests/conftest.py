@@ -50,6 +50,7 @@ DATA_TABLES = (
     "usage_lines",
     "events",
     "runs",
+    "console_sessions",
     "api_keys",
     "customers",
     "tenants",
