@@ -66,7 +66,7 @@ def create_app(
         exception_handlers=EXCEPTION_HANDLERS,
         middleware=[
             latency_middleware,
-            rate_limit_middleware(services.redis_async, services.keys, settings),
+            rate_limit_middleware(services.limiter),
         ],
         request_max_body_size=settings.max_body_bytes,
         on_startup=list(on_startup),

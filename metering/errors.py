@@ -87,3 +87,14 @@ def service_unavailable(detail: str, retry_after_s: int = 5) -> MeteringError:
         title="Service unavailable",
         extra={"retry_after_s": retry_after_s},
     )
+
+
+def rate_limited(detail: str, retry_after_s: int) -> MeteringError:
+    """429: over a rate limit; ``Retry-After`` says when the window ends."""
+    return MeteringError(
+        detail,
+        code="rate_limited",
+        status=429,
+        title="Too many requests",
+        extra={"retry_after_s": retry_after_s},
+    )
