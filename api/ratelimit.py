@@ -3,13 +3,23 @@
 A fixed window per key id (per client address for requests without a valid key), with the
 limit chosen by the key's scope. Every limited response carries the IETF draft headers
 ``RateLimit-Limit``, ``RateLimit-Remaining`` and ``RateLimit-Reset``; over the limit the
-reply is a 429 problem document with ``Retry-After``.
+reply is a 429 problem document with ``Retry-After``. Ingest keys also have an events budget
+per window, spent by each batch's event count after it is validated (``spend_event_budget``),
+so batching does not multiply what a key may store.
+
+A key id that this process has never found in the database is counted against the client
+address *before* it is looked up: forged keys with fresh ids, which would each cost a
+database read, cost at most the anonymous limit's worth per window. The address is the
+connecting peer's: uvicorn rewrites it from ``X-Forwarded-For`` only for the peers listed in
+``trusted_proxies`` (api/server.py).
 
 Counting is asynchronous (``redis.asyncio``, no thread per request) and, for large limits,
 leased: a process takes 1 % of a window's budget from Redis in one ``INCRBY`` and spends it
 locally, so an ingest key at 5,000 requests/s costs Redis one call per 50 requests instead
 of one per request. Limits under 100 are leased one request at a time, i.e. counted
-exactly. What a process leased but did not spend before the window ends is lost to the
+exactly. A request costing more than a lease (a large batch's events) leases what it
+needs; one that does not fit in what is left of the window is refused whole, and the window
+is then spent. What a process leased but did not spend before the window ends is lost to the
 others: at most 1 % of the limit per API process and window.
 
 The limiter fails open: when Redis cannot be reached it logs a warning, stops asking Redis for
