@@ -127,7 +127,8 @@ class Settings(BaseSettings):
     rate_limit_admin_requests: int = 2000
     rate_limit_anonymous_requests: int = 2000
     # Events per window per ingest key, whatever the batching: a 1,000-event batch spends
-    # 1,000 of these (and one request). A batch that does not fit is refused whole.
+    # 1,000 of these (and one request). A batch that does not fit is refused whole, so keep
+    # this at least max_batch_events.
     rate_limit_ingest_events: int = 100_000
     rate_limit_redis_prefix: str = "fairmeter:ratelimit"
     # After a Redis error the limiter lets requests through this long before asking again.
