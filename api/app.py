@@ -21,13 +21,17 @@ from api.services import Services
 from api.statements import get_statement
 from api.stripe_webhooks import stripe_webhook
 from api.support import SUPPORT_HANDLERS
-from metering.config import Settings, load_settings
+from metering.config import Settings, load_settings, require_strong_pepper
 from metering.heap import freeze_startup_heap
 
 
 def create_served_app(settings: Settings | None = None) -> Litestar:
     """The app as ``fairmeter serve`` runs it (uvicorn's factory): one per process, so once
-    it has started, what it built is frozen out of the garbage collector's scans."""
+    it has started, what it built is frozen out of the garbage collector's scans. A weak key
+    pepper is refused here too, for uvicorn started by hand (``fairmeter serve`` checks it
+    first, with a one-line message)."""
+    settings = settings or load_settings()
+    require_strong_pepper(settings)
 
     async def freeze_heap() -> None:
         freeze_startup_heap()
@@ -62,7 +66,7 @@ def create_app(
         exception_handlers=EXCEPTION_HANDLERS,
         middleware=[
             latency_middleware,
-            rate_limit_middleware(services.redis_async, services.keys, settings),
+            rate_limit_middleware(services.limiter),
         ],
         request_max_body_size=settings.max_body_bytes,
         on_startup=list(on_startup),

@@ -11,10 +11,12 @@ from anyio import to_thread
 from litestar import Request, post
 from litestar.datastructures import State
 
+from api.auth import bearer_key
 from api.cloudevents_http import decode_events
 from api.ingest_group import GroupCommitter, store_alone
 from api.metrics import record_ingest, record_rejection
 from api.openapi_docs import AUTHENTICATED, IngestOperation, keys, problems
+from api.ratelimit import spend_event_budget
 from api.services import Services
 from api.wire import EventResult, IngestReply
 from metering.errors import MeteringError
@@ -48,6 +50,7 @@ async def post_events(request: Request[Any, Any, Any], state: State) -> IngestRe
     prepared = _prepare_here(request, body, services)
     if prepared is None:
         prepared = await to_thread.run_sync(_prepare, request, body, services)
+    await spend_event_budget(services.limiter, bearer_key(request), len(prepared.events))
     try:
         committer = _committer_for(prepared, services)
         if committer is not None:

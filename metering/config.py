@@ -13,6 +13,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_KEY_PEPPER = "dev-pepper-change-me"
+# Peppers that are published (here and in docker-compose.yml), whatever their length.
+PLACEHOLDER_KEY_PEPPERS = frozenset(
+    {DEFAULT_KEY_PEPPER, "set-a-long-random-pepper", "change-me", "changeme"}
+)
+MIN_KEY_PEPPER_BYTES = 32
 
 
 class Settings(BaseSettings):
@@ -59,9 +65,13 @@ class Settings(BaseSettings):
     stripe_quick_retries: int = 2
     stripe_drift_interval_s: float = 3600.0
 
-    # Secrets. The pepper turns a stolen key table into useless HMACs.
-    key_pepper: str = "dev-pepper-change-me"
+    # Secrets. The pepper turns a stolen key table into useless HMACs. Served processes
+    # refuse to start with the default, a placeholder or a short one (pepper_weakness).
+    key_pepper: str = DEFAULT_KEY_PEPPER
     key_cache_ttl_s: float = 30.0
+    # Key ids each API process remembers (found and unknown ones apart, least recently used
+    # evicted first), so a flood of forged ids cannot push the real keys out.
+    key_cache_max_ids: int = 10_000
 
     # Ingest limits (DESIGN §1).
     max_batch_events: int = 1000
@@ -130,9 +140,16 @@ class Settings(BaseSettings):
     rate_limit_support_requests: int = 2000
     rate_limit_admin_requests: int = 2000
     rate_limit_anonymous_requests: int = 2000
+    # Events per window per ingest key, whatever the batching: a 1,000-event batch spends
+    # 1,000 of these (and one request). A batch that does not fit is refused whole, so keep
+    # this at least max_batch_events.
+    rate_limit_ingest_events: int = 100_000
     rate_limit_redis_prefix: str = "fairmeter:ratelimit"
     # After a Redis error the limiter lets requests through this long before asking again.
     rate_limit_redis_retry_s: float = 5.0
+    # Peers whose X-Forwarded-For is believed (comma-separated IPs or CIDRs). Empty: nobody's,
+    # so the limiter counts the address that actually connected.
+    trusted_proxies: str = ""
 
     # Database pool.
     # Sized so 32 concurrent requests per process reuse connections instead of opening and
@@ -159,6 +176,36 @@ def to_psycopg_url(url: str) -> str:
         if url.startswith(prefix):
             return "postgresql+psycopg://" + url[len(prefix) :]
     return url
+
+
+class WeakPepperError(ValueError):
+    """The key pepper must not protect a served deployment; the message says how to fix it."""
+
+
+def pepper_weakness(pepper: str) -> str | None:
+    """Why ``pepper`` is unfit for a served API, worker or beat, or ``None`` when it is fit.
+
+    Whoever knows the pepper can turn a leaked key table into working keys, so a published
+    one (the code default, the compose placeholder) is as bad as none, and a short one can
+    be guessed offline from any one key and its stored HMAC.
+    """
+    if pepper in PLACEHOLDER_KEY_PEPPERS:
+        return "is a published placeholder"
+    if len(pepper.encode()) < MIN_KEY_PEPPER_BYTES:
+        return f"is shorter than {MIN_KEY_PEPPER_BYTES} bytes"
+    return None
+
+
+def require_strong_pepper(settings: Settings) -> None:
+    """Raise :class:`WeakPepperError` (one line: what is wrong and how to set it)."""
+    weakness = pepper_weakness(settings.key_pepper)
+    if weakness is not None:
+        raise WeakPepperError(
+            f"refusing to start: FAIRMETER_KEY_PEPPER {weakness}; set it to a random secret "
+            f"of at least {MIN_KEY_PEPPER_BYTES} bytes, e.g. FAIRMETER_KEY_PEPPER="
+            "$(python3 -c 'import secrets; print(secrets.token_urlsafe(48))'), "
+            "and keep it: keys made under one pepper do not work under another"
+        )
 
 
 @lru_cache(maxsize=1)

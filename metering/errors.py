@@ -131,3 +131,14 @@ def credit_above_limit(
             "credit_micros": credit_micros,
         },
     )
+
+
+def rate_limited(detail: str, retry_after_s: int) -> MeteringError:
+    """429: over a rate limit; ``Retry-After`` says when the window ends."""
+    return MeteringError(
+        detail,
+        code="rate_limited",
+        status=429,
+        title="Too many requests",
+        extra={"retry_after_s": retry_after_s},
+    )

@@ -34,7 +34,7 @@ from tests.support.services import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-TEST_PEPPER = "test-pepper"
+TEST_PEPPER = "test-pepper-0123456789abcdef0123456789abcdef"  # strong enough to serve (32+ bytes)
 # Tables that hold a test's data; prices and the schema version survive between tests.
 DATA_TABLES = (
     "audit_log",
@@ -51,6 +51,7 @@ DATA_TABLES = (
     "usage_lines",
     "events",
     "runs",
+    "console_sessions",
     "api_keys",
     "customers",
     "tenants",

@@ -22,6 +22,8 @@ from markupsafe import Markup
 
 from api.console import session
 from api.services import Services
+from metering.console_sessions import session_principal
+from metering.db import raw_transaction
 from metering.errors import MeteringError
 from metering.keys import Principal
 from metering.money import describe_usd, format_usd
@@ -97,20 +99,16 @@ def services_of(state: State) -> Services:
 
 
 def signed_in(request: Request[Any, Any, Any], services: Services) -> Console:
-    """The session behind the cookie; :class:`NotSignedIn` (→ the sign-in page) otherwise."""
-    pepper = services.settings.key_pepper
+    """The session behind the cookie; :class:`NotSignedIn` (→ the sign-in page) otherwise:
+    no session, signed out, expired, or its key revoked or expired."""
     token = request.cookies.get(session.SESSION_COOKIE)
-    claims = session.verify(token, pepper, datetime.now(UTC))
-    if token is None or claims is None:
+    if not token:
         raise NotSignedIn
-    principal = services.keys.active_principal(claims.key_id)
-    if (
-        principal is None
-        or principal.tenant_id != claims.tenant_id
-        or principal.scope not in session.CONSOLE_SCOPES
-    ):
+    with raw_transaction(services.engine) as conn:
+        principal = session_principal(conn, token, datetime.now(UTC))
+    if principal is None or principal.scope not in session.CONSOLE_SCOPES:
         raise NotSignedIn
-    return Console(principal, token, session.csrf_token(token, pepper))
+    return Console(principal, token, session.csrf_token(token, services.settings.key_pepper))
 
 
 def check_csrf(console: Console, services: Services, form: Mapping[str, str]) -> None:

@@ -18,11 +18,12 @@ from metering.models.ledger import LedgerEntryRow
 from metering.models.settlement import DecisionRow
 from metering.models.statements import StatementLineRow
 from metering.models.support import AuditRow, DisputeRow, SupportCreditRow
-from metering.models.tenancy import ApiKeyRow, CustomerRow, TenantRow
+from metering.models.tenancy import ApiKeyRow, ConsoleSessionRow, CustomerRow, TenantRow
 
 __all__ = [
     "ApiKeyRow",
     "AuditRow",
+    "ConsoleSessionRow",
     "CustomerRow",
     "DecisionRow",
     "DisputeRow",
