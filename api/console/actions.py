@@ -229,7 +229,9 @@ def _act(
                     plan=plan,
                     run=run,
                     hidden=hidden,
-                    action=request.url.path,
+                    # Built from the run id, not the decoded request path, which for an
+                    # id with "?" or "#" in it (stored before the id grammar) is no URL.
+                    action=f"{run_path(run)}/{request.url.path.rsplit('/', 1)[-1]}",
                 )
     except MeteringError as exc:
         return _refused(request, console, services, run, form, exc)

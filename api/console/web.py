@@ -21,6 +21,7 @@ from litestar.response import Redirect
 from markupsafe import Markup
 
 from api.console import session
+from api.html_security import html_headers, new_nonce
 from api.services import Services
 from metering.console_sessions import session_principal
 from metering.db import raw_transaction
@@ -33,15 +34,6 @@ log = logging.getLogger("fairmeter.console")
 Form = Annotated[dict[str, str], Body(media_type=RequestEncodingType.URL_ENCODED)]
 FLASH_COOKIE = "fm_console_flash"
 HTML = "text/html"  # Litestar adds the charset
-# No scripts at all, no outside assets, no framing (the confirm pages must not be clickjacked).
-SECURITY_HEADERS = {
-    "content-security-policy": "default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
-    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
-    "x-frame-options": "DENY",
-    "x-content-type-options": "nosniff",
-    "referrer-policy": "same-origin",
-    "cache-control": "no-store",
-}
 
 
 def usd(micros: int | None) -> str:
@@ -133,8 +125,9 @@ def cookie(request: Request[Any, Any, Any], key: str, value: str, max_age: int) 
 
 
 def render(template: str, *, status: int = 200, **context: Any) -> Response[str]:
-    html = TEMPLATES.get_template(template).render(**context)
-    return Response(html, status_code=status, media_type=HTML, headers=SECURITY_HEADERS)
+    nonce = new_nonce()
+    html = TEMPLATES.get_template(template).render(csp_nonce=nonce, **context)
+    return Response(html, status_code=status, media_type=HTML, headers=html_headers(nonce))
 
 
 def flash_cookie(request: Request[Any, Any, Any], text: str, level: str = "ok") -> Cookie:

@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 
 from metering.errors import FieldError
+from metering.ids import IdKind, id_problem
 from metering.ingest.catalogue import (
     EVENT_TYPES,
     MAX_COUNT,
@@ -124,13 +125,9 @@ def _validate_data(path: str, event_type: str, data: Any) -> list[FieldError]:
     if not isinstance(data, dict):
         return [FieldError(path, "invalid_type", "data must be a JSON object")]
     errors: list[FieldError] = []
-    customer = data.get("customer")
-    if customer is None:
-        errors.append(FieldError(f"{path}.customer", "missing_field", "customer is required"))
-    elif not isinstance(customer, str) or not 0 < len(customer) <= 128:
-        errors.append(
-            FieldError(f"{path}.customer", "invalid_type", "must be a string of 1-128 chars")
-        )
+    problem = _id_error(data.get("customer"), f"{path}.customer", IdKind.CUSTOMER)
+    if problem:
+        errors.append(problem)
     specs = EVENT_TYPES[event_type]
     for name, spec in specs.items():
         if name not in data or data[name] is None:
@@ -157,16 +154,29 @@ def _text_attribute(raw: Mapping[str, Any], name: str, path: str, limit: int) ->
     return None
 
 
+def _id_error(value: Any, path: str, kind: IdKind) -> FieldError | None:
+    """Ids become URL segments and file names, so they follow :mod:`metering.ids`."""
+    if value is None:
+        return FieldError(path, "missing_field", f"{path.rsplit('.', 1)[-1]} is required")
+    if not isinstance(value, str):
+        return FieldError(path, "invalid_type", "must be a string")
+    problem = id_problem(value, kind)
+    return FieldError(path, "invalid_id", problem) if problem else None
+
+
 def _validate_attributes(
     raw: Mapping[str, Any], path: str, window: TimeWindow
 ) -> tuple[list[FieldError], datetime | None]:
     errors: list[FieldError] = []
     if raw.get("specversion") != "1.0":
         errors.append(FieldError(f"{path}.specversion", "invalid_value", "specversion must be 1.0"))
-    for name, limit in (("id", 255), ("source", 255), ("subject", 200), ("type", 64)):
+    for name, limit in (("id", 255), ("source", 255), ("type", 64)):
         problem = _text_attribute(raw, name, path, limit)
         if problem:
             errors.append(problem)
+    subject_problem = _id_error(raw.get("subject"), f"{path}.subject", IdKind.RUN)
+    if subject_problem:
+        errors.append(subject_problem)
     event_type = raw.get("type")
     if isinstance(event_type, str) and event_type not in EVENT_TYPES:
         errors.append(
