@@ -9,7 +9,7 @@ support limits (per run, per customer per UTC day) can be summed.
 Existing totals become one credit each, covering the run's lines as they are now and
 capped at the run's gross (a surplus from the old race never applied to anything billed).
 
-Revision ID: 0010_b
+Revision ID: 0010
 Revises: 0009
 Create Date: 2026-12-01 18:10:00.000000
 
@@ -22,7 +22,7 @@ import sqlmodel  # noqa: F401  (autogenerate renders sqlmodel.AutoString)
 
 
 # revision identifiers, used by Alembic.
-revision: str = '0010_b'
+revision: str = '0010'
 down_revision: Union[str, Sequence[str], None] = '0009'
 branch_labels: Union[str, Sequence[str], None] = None
 depends_on: Union[str, Sequence[str], None] = None

@@ -4,8 +4,8 @@ The console cookie was a signed, self-contained token: it kept working after sig
 whoever knew the pepper could mint one from a key id. Now the cookie holds a random token
 and this table the SHA-256 of each live one.
 
-Revision ID: 0010_c
-Revises: 0009
+Revision ID: 0011
+Revises: 0010
 Create Date: 2026-12-01 18:10:00.000000
 
 """
@@ -17,8 +17,8 @@ import sqlmodel  # noqa: F401  (autogenerate renders sqlmodel.AutoString)
 
 
 # revision identifiers, used by Alembic.
-revision: str = '0010_c'
-down_revision: Union[str, Sequence[str], None] = '0009'
+revision: str = '0011'
+down_revision: Union[str, Sequence[str], None] = '0010'
 branch_labels: Union[str, Sequence[str], None] = None
 depends_on: Union[str, Sequence[str], None] = None
 
