@@ -29,4 +29,7 @@ def run_api(settings: Settings, host: str, port: int, workers: int = 1) -> None:
         access_log=False,
         proxy_headers=bool(trusted),
         forwarded_allow_ips=trusted or None,
+        # uvicorn pings each worker and kills one that does not answer in time, also while
+        # it is still starting: too short, and a slow start becomes an endless restart.
+        timeout_worker_healthcheck=settings.worker_start_timeout_s,
     )

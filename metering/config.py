@@ -150,6 +150,10 @@ class Settings(BaseSettings):
     # Peers whose X-Forwarded-For is believed (comma-separated IPs or CIDRs). Empty: nobody's,
     # so the limiter counts the address that actually connected.
     trusted_proxies: str = ""
+    # How long a served API worker may take to start before its supervisor gives up on it.
+    # uvicorn's own default (5 s) kills and restarts a worker still importing the app on a
+    # loaded host, forever: on a 2-core machine at load 13 no worker ever came up.
+    worker_start_timeout_s: int = 120
 
     # Database pool.
     # Sized so 32 concurrent requests per process reuse connections instead of opening and
