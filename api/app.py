@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from litestar import Litestar
 from litestar.datastructures import State
 from litestar.openapi.config import OpenAPIConfig
 
@@ -14,6 +13,7 @@ from api.logs import configure_logging
 from api.metrics import latency_middleware
 from api.openapi_docs import COMPONENTS, StrictStructSchemaPlugin
 from api.ops import healthz, metrics, readyz
+from api.paths import FairmeterApp, decode_path_params
 from api.problems import EXCEPTION_HANDLERS
 from api.ratelimit import rate_limit_middleware
 from api.runs import get_run, settle_run_now
@@ -21,13 +21,17 @@ from api.services import Services
 from api.statements import get_statement
 from api.stripe_webhooks import stripe_webhook
 from api.support import SUPPORT_HANDLERS
-from metering.config import Settings, load_settings
+from metering.config import Settings, load_settings, require_strong_pepper
 from metering.heap import freeze_startup_heap
 
 
-def create_served_app(settings: Settings | None = None) -> Litestar:
+def create_served_app(settings: Settings | None = None) -> FairmeterApp:
     """The app as ``fairmeter serve`` runs it (uvicorn's factory): one per process, so once
-    it has started, what it built is frozen out of the garbage collector's scans."""
+    it has started, what it built is frozen out of the garbage collector's scans. A weak key
+    pepper is refused here too, for uvicorn started by hand (``fairmeter serve`` checks it
+    first, with a one-line message)."""
+    settings = settings or load_settings()
+    require_strong_pepper(settings)
 
     async def freeze_heap() -> None:
         freeze_startup_heap()
@@ -37,7 +41,7 @@ def create_served_app(settings: Settings | None = None) -> Litestar:
 
 def create_app(
     settings: Settings | None = None, *, on_startup: Sequence[Callable[[], object]] = ()
-) -> Litestar:
+) -> FairmeterApp:
     settings = settings or load_settings()
     configure_logging(settings)
     services = Services.build(settings)
@@ -45,7 +49,7 @@ def create_app(
     async def shutdown() -> None:
         await services.close()
 
-    return Litestar(
+    return FairmeterApp(
         route_handlers=[
             post_events,
             get_run,
@@ -61,8 +65,9 @@ def create_app(
         state=State({"services": services}),
         exception_handlers=EXCEPTION_HANDLERS,
         middleware=[
+            decode_path_params,
             latency_middleware,
-            rate_limit_middleware(services.redis_async, services.keys, settings),
+            rate_limit_middleware(services.limiter),
         ],
         request_max_body_size=settings.max_body_bytes,
         on_startup=list(on_startup),

@@ -11,20 +11,20 @@ from anyio import to_thread
 from litestar import Request, post
 from litestar.datastructures import State
 
+from api.auth import bearer_key
 from api.cloudevents_http import decode_events
-from api.ingest_group import GroupCommitter
+from api.ingest_group import GroupCommitter, store_alone
 from api.metrics import record_ingest, record_rejection
 from api.openapi_docs import AUTHENTICATED, IngestOperation, keys, problems
+from api.ratelimit import spend_event_budget
 from api.services import Services
 from api.wire import EventResult, IngestReply
-from metering.db import raw_transaction
 from metering.errors import MeteringError
 from metering.ingest.service import (
     IngestRequest,
     PreparedRequest,
     prepare_request,
     prepare_with_catalog,
-    store_prepared,
 )
 from metering.ingest.store import IngestResult
 from metering.keys import Principal, Scope
@@ -50,6 +50,7 @@ async def post_events(request: Request[Any, Any, Any], state: State) -> IngestRe
     prepared = _prepare_here(request, body, services)
     if prepared is None:
         prepared = await to_thread.run_sync(_prepare, request, body, services)
+    await spend_event_budget(services.limiter, bearer_key(request), len(prepared.events))
     try:
         committer = _committer_for(prepared, services)
         if committer is not None:
@@ -120,5 +121,9 @@ def _rejections_recorded() -> Iterator[None]:
 
 
 def _store(prepared: PreparedRequest, services: Services) -> IngestResult:
-    with raw_transaction(services.engine) as conn:
-        return store_prepared(conn, prepared)
+    """A large request, alone: the same outcomes as in a group (a refused value is the
+    request's ``MeteringError``, counted as a rejection)."""
+    outcome = store_alone(services.engine, prepared)
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome

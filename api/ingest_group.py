@@ -13,42 +13,80 @@ import asyncio
 from collections import deque
 from collections.abc import Sequence
 
+import psycopg
+import sqlalchemy.exc
 from anyio import to_thread
 from sqlalchemy.engine import Engine
 
-from metering.db import raw_transaction
-from metering.errors import MeteringError
+from metering.db import database_unavailable, raw_transaction
+from metering.errors import MeteringError, unstorable_value
 from metering.ingest.group import store_together
 from metering.ingest.service import PreparedRequest, store_prepared
 from metering.ingest.store import IngestResult
 
-Outcome = IngestResult | MeteringError
+# A request's result, its refusal (a ``MeteringError``), or the error it met (the database
+# is unavailable): each request gets its own.
+Outcome = IngestResult | Exception
 Waiting = tuple[PreparedRequest, "asyncio.Future[IngestResult]"]
+# Errors of one request's own values that validation let through: a 400, never a 500.
+UNSTORABLE = (psycopg.DataError, sqlalchemy.exc.DataError, UnicodeEncodeError)
+# Transaction rollbacks (deadlock, serialization failure) are no one's fault: try again.
+ALONE_ATTEMPTS = 2
 
 
 def store_group(engine: Engine, requests: Sequence[PreparedRequest]) -> list[Outcome]:
-    """Each request's result or refusal; one transaction for all when none is refused.
+    """Each request's own outcome; one transaction for all when none fails.
 
-    A refused request (409 conflict, 422 customer mismatch) fails the combined statements,
-    so the group is rolled back and stored again one request per transaction: only the
-    refused request fails, as if it had come alone. Any other error (the database is down)
-    is raised for the whole group.
+    When the shared transaction fails for any reason but an unavailable database, it is
+    rolled back and each request is stored again in a transaction of its own, so each gets
+    the answer it would have had alone: a refused request (409 conflict, 422 customer
+    mismatch), a value the database refuses, a deadlock or a serialization failure never
+    reaches the others. An unavailable database is the same for everyone: every request
+    gets that error (a 503) at once instead of one connect timeout after another.
     """
     if len(requests) > 1:
         try:
             with raw_transaction(engine) as conn:
                 return list(store_together(conn, requests))
-        except MeteringError:
-            pass
-    return [_store_alone(engine, request) for request in requests]
+        except Exception as exc:
+            if database_unavailable(exc):
+                return [exc] * len(requests)
+    outcomes: list[Outcome] = []
+    for request in requests:
+        if outcomes and _unavailable(outcomes[-1]):
+            outcomes.append(outcomes[-1])  # it went down meanwhile: don't wait for it again
+        else:
+            outcomes.append(store_alone(engine, request))
+    return outcomes
 
 
-def _store_alone(engine: Engine, request: PreparedRequest) -> Outcome:
-    try:
-        with raw_transaction(engine) as conn:
-            return store_prepared(conn, request)
-    except MeteringError as exc:
-        return exc
+def store_alone(engine: Engine, request: PreparedRequest) -> Outcome:
+    """One request in a transaction of its own: its result, or the error it met as a value
+    (a ``MeteringError`` when it is the request's fault)."""
+    for attempt in range(1, ALONE_ATTEMPTS + 1):
+        try:
+            with raw_transaction(engine) as conn:
+                return store_prepared(conn, request)
+        except MeteringError as exc:
+            return exc
+        except UNSTORABLE:
+            return unstorable_value()
+        except Exception as exc:
+            if attempt < ALONE_ATTEMPTS and _rolled_back(exc):
+                continue
+            return exc
+    raise AssertionError("unreachable: the last attempt returns")
+
+
+def _rolled_back(exc: Exception) -> bool:
+    """A deadlock or serialization failure: PostgreSQL gave up on the transaction, not on
+    its content, and the same transaction may well pass now."""
+    cause = exc.orig if isinstance(exc, sqlalchemy.exc.DBAPIError) else exc
+    return isinstance(cause, psycopg.errors.TransactionRollback)
+
+
+def _unavailable(outcome: Outcome) -> bool:
+    return isinstance(outcome, Exception) and database_unavailable(outcome)
 
 
 class GroupCommitter:
@@ -103,7 +141,7 @@ class GroupCommitter:
         outcomes: Sequence[Outcome | BaseException]
         try:
             outcomes = await to_thread.run_sync(store_group, self._engine, [r for r, _ in group])
-        except BaseException as exc:  # the database is down, or the loop is shutting down
+        except BaseException as exc:  # the loop is shutting down (store_group returns errors)
             outcomes = [exc] * len(group)
         finally:
             self._flushing -= 1

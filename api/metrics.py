@@ -24,6 +24,15 @@ REQUEST_LATENCY = Histogram(
     ["method", "route", "status"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
+KEY_LOOKUPS = Counter(
+    "fairmeter_key_lookups_total",
+    "API key lookups that read the database (cache misses), by whether the key id exists",
+    ["result"],
+)
+
+
+def record_key_lookup(*, found: bool) -> None:
+    KEY_LOOKUPS.labels("found" if found else "unknown").inc()
 
 
 def record_ingest(accepted: int, duplicates: int) -> None:

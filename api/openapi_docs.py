@@ -31,6 +31,7 @@ from litestar.typing import FieldDefinition
 
 from api.problems import PROBLEM_JSON
 from metering.catalogue import EVENT_TYPES
+from metering.ids import ID_PATTERN, IdKind
 from metering.keys import Scope
 
 BEARER = "apiKey"
@@ -110,6 +111,16 @@ def _text(max_length: int = 255) -> Schema:
     return Schema(type=OpenAPIType.STRING, min_length=1, max_length=max_length)
 
 
+def _id(kind: IdKind) -> Schema:
+    return Schema(
+        type=OpenAPIType.STRING,
+        min_length=1,
+        max_length=kind.max_chars,
+        pattern=ID_PATTERN,
+        description=f"A {kind.noun} id (see the README's Ids section).",
+    )
+
+
 _EVENT = Schema(
     type=OpenAPIType.OBJECT,
     required=["specversion", "id", "source", "type", "subject", "time", "data"],
@@ -118,12 +129,12 @@ _EVENT = Schema(
         "id": _text(),
         "source": _text(),
         "type": Schema(type=OpenAPIType.STRING, enum=sorted(EVENT_TYPES)),
-        "subject": _text(),
+        "subject": _id(IdKind.RUN),
         "time": Schema(type=OpenAPIType.STRING, description="RFC 3339, e.g. 2025-01-31T12:00:00Z"),
         "data": Schema(
             type=OpenAPIType.OBJECT,
             required=["customer"],
-            properties={"customer": _text(128)},
+            properties={"customer": _id(IdKind.CUSTOMER)},
             description="The fields of the event type (DESIGN §1); unknown fields are refused.",
         ),
     },

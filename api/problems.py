@@ -10,7 +10,7 @@ import sqlalchemy.exc
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
 
-from metering.errors import MeteringError
+from metering.errors import MeteringError, unstorable_value
 
 PROBLEM_JSON = "application/problem+json"
 log = logging.getLogger("fairmeter.api")
@@ -81,17 +81,12 @@ def database_down_handler(_: Request[Any, Any, Any], exc: Exception) -> Response
     )
 
 
-def unstorable_value_handler(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+def unstorable_value_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     """PostgreSQL (or the driver) refused a value the client sent (a NUL character or a lone
     surrogate in a text, a number out of range): bad input, so a 400, never a 500. The value
     itself is not logged."""
     log.warning("value refused by the database: %s", exc.__class__.__name__)
-    return problem(
-        400,
-        "invalid_value",
-        "Bad request",
-        "a value in the request cannot be stored (e.g. a NUL character or a number out of range)",
-    )
+    return metering_error_handler(request, unstorable_value())
 
 
 def too_deep_handler(_: Request[Any, Any, Any], exc: RecursionError) -> Response[Any]:

@@ -3,13 +3,23 @@
 A fixed window per key id (per client address for requests without a valid key), with the
 limit chosen by the key's scope. Every limited response carries the IETF draft headers
 ``RateLimit-Limit``, ``RateLimit-Remaining`` and ``RateLimit-Reset``; over the limit the
-reply is a 429 problem document with ``Retry-After``.
+reply is a 429 problem document with ``Retry-After``. Ingest keys also have an events budget
+per window, spent by each batch's event count after it is validated (``spend_event_budget``),
+so batching does not multiply what a key may store.
+
+A key id that this process has never found in the database is counted against the client
+address *before* it is looked up: forged keys with fresh ids, which would each cost a
+database read, cost at most the anonymous limit's worth per window. The address is the
+connecting peer's: uvicorn rewrites it from ``X-Forwarded-For`` only for the peers listed in
+``trusted_proxies`` (api/server.py).
 
 Counting is asynchronous (``redis.asyncio``, no thread per request) and, for large limits,
 leased: a process takes 1 % of a window's budget from Redis in one ``INCRBY`` and spends it
 locally, so an ingest key at 5,000 requests/s costs Redis one call per 50 requests instead
 of one per request. Limits under 100 are leased one request at a time, i.e. counted
-exactly. What a process leased but did not spend before the window ends is lost to the
+exactly. A request costing more than a lease (a large batch's events) leases what it
+needs; one that does not fit in what is left of the window is refused whole, and the window
+is then spent. What a process leased but did not spend before the window ends is lost to the
 others: at most 1 % of the limit per API process and window.
 
 The limiter fails open: when Redis cannot be reached it logs a warning, stops asking Redis for
@@ -34,10 +44,12 @@ from litestar.middleware import DefineMiddleware
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.auth import KeyStore
+from api.metrics import record_rejection
 from api.problems import PROBLEM_JSON
 from metering.config import Settings
-from metering.errors import MeteringError
+from metering.errors import MeteringError, rate_limited
 from metering.keys import Scope as KeyScope
+from metering.keys import parse_key
 
 log = logging.getLogger("fairmeter.ratelimit")
 
@@ -114,39 +126,23 @@ class RateLimiter:
         self._leases: dict[str, _Lease] = {}
         self._refills: dict[str, asyncio.Lock] = {}
 
-    async def bucket(self, authorization: str, client_host: str) -> tuple[str, int]:
-        """The bucket and limit of a request: its key id when the key is valid (so nobody can
-        spend another key's budget with a forged key), else the client address."""
-        scheme, _, token = authorization.partition(" ")
-        if scheme.lower() == "bearer" and token.strip():
-            try:
-                principal = self._keys.authenticate_cached(token.strip())
-                if principal is None:  # not cached: the database, off the event loop
-                    principal = await to_thread.run_sync(self._keys.authenticate, token.strip())
-            except MeteringError:
-                pass  # not a valid key: limited by address, the handler answers 401
-            except Exception:  # the database is down: the handler answers 503
-                log.debug("rate limiter: key lookup failed, limiting by address")
-            else:
-                return f"key:{principal.key_id}", self._limits[principal.scope]
-        return f"ip:{client_host}", self._settings.rate_limit_anonymous_requests
-
-    async def hit(self, bucket: str, limit: int) -> Verdict | None:
-        """Count one request against ``bucket``; ``None`` when Redis cannot be asked."""
+    async def hit(self, bucket: str, limit: int, cost: int = 1) -> Verdict | None:
+        """Count ``cost`` units (one request, or a batch's events) against ``bucket``; ``None``
+        when Redis cannot be asked. What does not fit is refused whole."""
         if time.monotonic() < self._redis_down_until:
             return None
-        verdict = self._from_lease(bucket, limit)
+        verdict = self._from_lease(bucket, limit, cost)
         if verdict is not None:
             return verdict
         # One refill per bucket at a time: concurrent requests that found the lease spent
         # wait for it and use the new lease, instead of each leasing (and wasting) its own.
         async with self._refills.setdefault(bucket, asyncio.Lock()):
-            verdict = self._from_lease(bucket, limit)
+            verdict = self._from_lease(bucket, limit, cost)
             if verdict is not None:
                 return verdict
-            return await self._lease(bucket, limit)
+            return await self._lease(bucket, limit, cost)
 
-    def _from_lease(self, bucket: str, limit: int) -> Verdict | None:
+    def _from_lease(self, bucket: str, limit: int, cost: int) -> Verdict | None:
         """This request's verdict from the budget at hand; ``None`` when Redis must be asked."""
         now = time.monotonic()
         lease = self._leases.get(bucket)
@@ -155,13 +151,16 @@ class RateLimiter:
         reset_s = max(1, math.ceil(lease.ends_at - now))
         if lease.exhausted:
             return Verdict(limit, 0, reset_s, False)
-        if lease.left == 0:
+        if lease.left < cost:
             return None
-        lease.left -= 1
+        lease.left -= cost
         return Verdict(limit, limit - (lease.last_count - lease.left), reset_s, True)
 
-    async def _lease(self, bucket: str, limit: int) -> Verdict | None:
-        size = lease_size(limit)
+    async def _lease(self, bucket: str, limit: int, cost: int) -> Verdict | None:
+        held = self._leases.get(bucket)
+        live = held is not None and time.monotonic() < held.ends_at and not held.exhausted
+        carried = held.left if held is not None and live else 0  # leased, not yet spent
+        size = max(lease_size(limit), cost - carried)
         try:
             total, ttl_ms = await self._script(
                 keys=[f"{self._settings.rate_limit_redis_prefix}:{bucket}"],
@@ -170,19 +169,53 @@ class RateLimiter:
         except redis.RedisError as exc:
             self._open_circuit(exc)
             return None
-        count = int(total) - size + 1  # where this request stands in the window
+        granted = min(size, max(0, limit - (int(total) - size)))  # the part within the limit
         ends_at = time.monotonic() + int(ttl_ms) / 1000
         reset_s = max(1, math.ceil(int(ttl_ms) / 1000))
-        if count > limit:  # spent: refuse locally until the window ends
+        if carried + granted < cost:  # spent: refuse locally until the window ends
             self._remember(bucket, _Lease(ends_at, limit, 0, exhausted=True))
             return Verdict(limit, 0, reset_s, False)
-        spare = min(int(total), limit) - count  # leased beyond this request
-        self._remember(bucket, _Lease(ends_at, count + spare, spare))
-        return Verdict(limit, limit - count, reset_s, True)
+        last_count = min(int(total), limit)  # where the window stands once this lease is spent
+        left = carried + granted - cost
+        self._remember(bucket, _Lease(ends_at, last_count, left))
+        return Verdict(limit, limit - (last_count - left), reset_s, True)
 
     async def check(self, authorization: str, client_host: str) -> Verdict | None:
-        bucket, limit = await self.bucket(authorization, client_host)
-        return await self.hit(bucket, limit)
+        """One request's verdict: counted against its key id when the key is valid (so
+        nobody can spend another key's budget with a forged key), else its client address.
+
+        A key id the cache has never found is paid for out of the address's budget *before*
+        it is looked up: forged keys with fresh key ids then cost at most the anonymous limit
+        in database reads per window, and none once it is spent (unknown ids are cached too).
+        """
+        address = f"ip:{client_host}", self._settings.rate_limit_anonymous_requests
+        token = _bearer_token(authorization)
+        if token is None:
+            return await self.hit(*address)
+        try:
+            principal = self._keys.authenticate_cached(token)
+        except MeteringError:  # malformed, or known to be invalid: the handler answers 401
+            return await self.hit(*address)
+        if principal is None:  # a lookup ahead
+            paid: Verdict | None = None
+            if not self._keys.was_found(token):
+                paid = await self.hit(*address)
+                if paid is not None and not paid.allowed:
+                    return paid
+            try:
+                principal = await to_thread.run_sync(self._keys.authenticate, token)
+            except MeteringError:  # not a valid key: limited by address, the handler says 401
+                return paid or await self.hit(*address)
+            except Exception:  # the database is down: the handler answers 503
+                log.debug("rate limiter: key lookup failed, limiting by address")
+                return paid or await self.hit(*address)
+        return await self.hit(f"key:{principal.key_id}", self._limits[principal.scope])
+
+    async def spend_events(self, key_id: str, events: int) -> Verdict | None:
+        """Count a batch's events against its key's events budget (``None``: Redis is down)."""
+        return await self.hit(
+            f"events:key:{key_id}", self._settings.rate_limit_ingest_events, cost=events
+        )
 
     def _remember(self, bucket: str, lease: _Lease) -> None:
         if len(self._leases) >= MAX_LEASES:
@@ -199,6 +232,29 @@ class RateLimiter:
             exc.__class__.__name__,
             retry_s,
         )
+
+
+async def spend_event_budget(limiter: RateLimiter | None, key: str, events: int) -> None:
+    """Count an ingest batch's events against its (already authenticated) key: a 1,000-event
+    batch is one request but 1,000 events, so batching cannot multiply a key's budget.
+    Raises a 429 ``rate_limited`` problem, before anything is stored, over the limit."""
+    parsed = parse_key(key)
+    if limiter is None or parsed is None:
+        return
+    verdict = await limiter.spend_events(parsed.key_id, events)
+    if verdict is not None and not verdict.allowed:
+        record_rejection(events, "rate_limited")
+        raise rate_limited(
+            f"more than {verdict.limit} events in this window for this key; retry later",
+            verdict.reset_s,
+        )
+
+
+def _bearer_token(authorization: str) -> str | None:
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    return None
 
 
 def _header(scope: Scope, name: bytes) -> str:
@@ -253,11 +309,12 @@ def _middleware(app: ASGIApp, limiter: RateLimiter) -> ASGIApp:
     return middleware
 
 
-def rate_limit_middleware(client: redis.asyncio.Redis, keys: KeyStore, settings: Settings) -> Any:
-    """The middleware for ``Litestar(middleware=[...])``; one limiter shared by every route."""
-    if not settings.rate_limit_enabled:
+def rate_limit_middleware(limiter: RateLimiter | None) -> Any:
+    """The middleware for ``Litestar(middleware=[...])``; one limiter shared by every route
+    (``None``: rate limiting is off)."""
+    if limiter is None:
         return DefineMiddleware(_passthrough)
-    return DefineMiddleware(_middleware, limiter=RateLimiter(client, keys, settings))
+    return DefineMiddleware(_middleware, limiter=limiter)
 
 
 def _passthrough(app: ASGIApp) -> ASGIApp:

@@ -12,6 +12,7 @@ from sqlalchemy.engine import Engine
 
 from api.auth import KeyStore, bearer_key, require_scope
 from api.ingest_group import GroupCommitter
+from api.ratelimit import RateLimiter
 from metering.config import Settings
 from metering.db import create_db_engine, raw_transaction
 from metering.keys import Principal, Scope
@@ -27,6 +28,7 @@ class Services:
     redis: redis.Redis
     redis_async: AsyncRedis  # for the rate limiter, on the event loop
     ingest_group: GroupCommitter | None  # None: one transaction per request
+    limiter: RateLimiter | None  # None: rate limits are off
 
     @classmethod
     def build(cls, settings: Settings) -> Services:
@@ -36,23 +38,30 @@ class Services:
             with raw_transaction(engine) as conn:
                 return load_catalog(conn)
 
+        keys = KeyStore(
+            engine, settings.key_pepper, settings.key_cache_ttl_s, settings.key_cache_max_ids
+        )
+        redis_async = AsyncRedis.from_url(
+            settings.redis_url, socket_timeout=2, socket_connect_timeout=2
+        )
         return cls(
             settings=settings,
             engine=engine,
-            keys=KeyStore(engine, settings.key_pepper, settings.key_cache_ttl_s),
+            keys=keys,
             catalogs=CatalogCache(load),
             redis=redis.Redis.from_url(
                 settings.redis_url, socket_timeout=2, socket_connect_timeout=2
             ),
-            redis_async=AsyncRedis.from_url(
-                settings.redis_url, socket_timeout=2, socket_connect_timeout=2
-            ),
+            redis_async=redis_async,
             ingest_group=GroupCommitter(
                 engine,
                 max_events=settings.ingest_group_max_events,
                 max_flushes=settings.ingest_group_flushes,
             )
             if settings.ingest_group_commit
+            else None,
+            limiter=RateLimiter(redis_async, keys, settings)
+            if settings.rate_limit_enabled
             else None,
         )
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from anyio import to_thread
 from jinja2 import Environment, FileSystemLoader, select_autoescape
@@ -14,6 +16,7 @@ from litestar.datastructures import State
 from litestar.params import FromPath
 from litestar.response import Stream
 
+from api.html_security import html_headers, new_nonce
 from api.openapi_docs import AUTHENTICATED, keys, problems
 from api.services import Services
 from api.wire import StatementLineReply, StatementReply, TotalsReply
@@ -24,6 +27,7 @@ from metering.statements import query
 from metering.statements.render import csv_chunks, daily_chart_svg
 from metering.statements.service import StatementPage, authorize, build_query, statement_page
 
+_UNSAFE_IN_FILENAME = re.compile(r"[^A-Za-z0-9._-]")
 TEMPLATES = Environment(
     loader=FileSystemLoader(Path(__file__).parent / "templates"),
     autoescape=select_autoescape(["html"]),
@@ -86,15 +90,29 @@ async def get_statement(
         )
     page = await to_thread.run_sync(_page, services, principal, statement, now, cursor, limit)
     if kind == "html":
+        nonce = new_nonce()
         return Response(
-            await to_thread.run_sync(_html, services, page, statement),
+            await to_thread.run_sync(_html, services, page, statement, nonce),
             media_type="text/html; charset=utf-8",
+            headers=html_headers(nonce),
         )
     return Response(_json(page), media_type="application/json")
 
 
 def _attachment(customer: str, period: str) -> str:
-    return f'attachment; filename="statement-{customer}-{period}.csv"'
+    return attachment(f"statement-{customer}-{period}.csv")
+
+
+def attachment(filename: str) -> str:
+    """``Content-Disposition`` for a download, per RFC 6266: the name as RFC 8187
+    ``filename*`` (percent-encoded UTF-8; path separators and control characters made
+    ``_``) and, for clients that only know ``filename``, an ASCII copy with everything but
+    letters, digits and ``. _ -`` made ``_``. Neither can hold a quote, a ``;`` or a line
+    break, so no id can add a parameter or break the header (ids stored before the id
+    grammar may hold any of them)."""
+    readable = "".join(c if c.isprintable() and c not in "/\\" else "_" for c in filename)
+    fallback = _UNSAFE_IN_FILENAME.sub("_", readable)
+    return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(readable, safe='')}"
 
 
 def _authorize(services: Services, principal: Principal, customer: str) -> None:
@@ -127,11 +145,13 @@ def _csv(services: Services, statement: query.StatementQuery) -> Iterator[bytes]
         yield from csv_chunks(query.stream(conn, statement))
 
 
-def _html(services: Services, page: StatementPage, statement: query.StatementQuery) -> str:
+def _html(
+    services: Services, page: StatementPage, statement: query.StatementQuery, nonce: str
+) -> str:
     with raw_transaction(services.engine) as conn:
         days = query.daily(conn, statement)
     return TEMPLATES.get_template("statement.html").render(
-        page=page, chart=daily_chart_svg(page.period, days), usd=format_usd
+        page=page, chart=daily_chart_svg(page.period, days), usd=format_usd, csp_nonce=nonce
     )
 
 

@@ -46,7 +46,7 @@ from metering.prices import insert_prices, read_catalog_file  # noqa: E402
 BENCH_DATABASE = "fairmeter_bench"
 LOCAL_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 LOCAL_REDIS_URL = "redis://127.0.0.1:6379/0"
-PEPPER = "bench-pepper"
+PEPPER = "bench-pepper-0123456789abcdef0123456789abcdef"  # served processes need 32+ bytes
 TENANT = "bench"
 EVENTS_PER_RUN = 20  # run.started, 18 x run.usage, run.completed
 CUSTOMERS = 16

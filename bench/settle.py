@@ -22,6 +22,7 @@ import argparse
 import os
 import platform
 import random
+import secrets
 import shlex
 import shutil
 import signal
@@ -361,6 +362,8 @@ def worker_env(url: str, redis_url: str, args: argparse.Namespace) -> dict[str, 
         FAIRMETER_REDIS_URL=redis_url,
         FAIRMETER_SWEEP_INTERVAL_S=str(args.sweep_interval),
         FAIRMETER_LOG_LEVEL="WARNING",
+        # The worker refuses a published or short pepper; settlement never reads keys.
+        FAIRMETER_KEY_PEPPER=secrets.token_urlsafe(48),
     )
     if args.chunk_size:
         env["FAIRMETER_SETTLE_CHUNK_SIZE"] = str(args.chunk_size)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
 
-from metering.config import load_settings
+from metering.config import WeakPepperError, load_settings, require_strong_pepper
 from metering.db import create_db_engine, raw_transaction
 
 
@@ -50,10 +51,16 @@ def db_upgrade(revision: str) -> None:
 @click.option("--port", default=8000, type=int)
 @click.option("--workers", default=1, type=int)
 def serve(host: str, port: int, workers: int) -> None:
-    """Run the API with uvicorn."""
+    """Run the API with uvicorn (never with a default, placeholder or short key pepper)."""
     from api.server import run_api
 
-    run_api(host=host, port=port, workers=workers)
+    settings = load_settings()
+    try:
+        require_strong_pepper(settings)
+    except WeakPepperError as exc:
+        click.echo(f"fairmeter serve: {exc}", err=True)
+        sys.exit(2)
+    run_api(settings, host=host, port=port, workers=workers)
 
 
 @click.command()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import secrets
 import socket
 import sys
 from collections.abc import Iterator
@@ -48,7 +49,7 @@ from devtools.processes import (
     supervise,
     wait_until,
 )
-from metering.config import Settings, load_settings
+from metering.config import Settings, WeakPepperError, load_settings, require_strong_pepper
 
 DEMO_TENANT = "demo"
 DEMO_CUSTOMER = "demo-customer"
@@ -90,6 +91,21 @@ def prepare_database(settings: Settings, *, demo: bool) -> tuple[int, list[DemoK
     finally:
         engine.dispose()
     return added, keys
+
+
+def state_pepper(settings: Settings, state_dir: Path) -> Settings:
+    """The settings with a key pepper fit to serve: the one given (FAIRMETER_KEY_PEPPER), or
+    one generated into ``state_dir`` on the first start and read back on every later start,
+    since the demo keys stored in the embedded database are HMACs under it."""
+    if "key_pepper" in explicit_fields(settings):
+        return settings  # the children refuse it if it is weak, saying how to set it
+    path = state_dir / "key-pepper"
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_urlsafe(48) + "\n")
+        click.echo(f"fairmeter up: generated a key pepper in {path} (kept for later starts)")
+    return settings.model_copy(update={"key_pepper": path.read_text().strip()})
 
 
 # --- the application ---------------------------------------------------------------------------
@@ -267,7 +283,12 @@ def start_everything(
 ) -> int:
     ensure_port_free(host, port)
     base = f"http://{local_host(host)}:{port}"
-    services = resolve_services(load_settings(), state_dir, stack, stop)
+    settings = state_pepper(load_settings(), state_dir)
+    try:
+        require_strong_pepper(settings)
+    except WeakPepperError as exc:
+        raise click.ClickException(str(exc)) from None
+    services = resolve_services(settings, state_dir, stack, stop)
     stop.check()
     emulator_url = resolve_stripe(services, base, state_dir, stack, stop)
     stop.check()

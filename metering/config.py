@@ -13,6 +13,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_KEY_PEPPER = "dev-pepper-change-me"
+# Peppers that are published (here and in docker-compose.yml), whatever their length.
+PLACEHOLDER_KEY_PEPPERS = frozenset(
+    {DEFAULT_KEY_PEPPER, "set-a-long-random-pepper", "change-me", "changeme"}
+)
+MIN_KEY_PEPPER_BYTES = 32
 
 
 class Settings(BaseSettings):
@@ -49,7 +55,9 @@ class Settings(BaseSettings):
     stripe_cancel_window_s: int = 24 * 3600 - 600
     stripe_push_batch_size: int = 2000
     stripe_push_threads: int = 8
-    stripe_push_lease_s: int = 120
+    # A pusher renews its claim on its customers' rows every third of this while its round
+    # lasts, so a killed pusher's customers are claimed again within it (issue #13 §7).
+    stripe_push_lease_s: int = 15
     stripe_backoff_base_s: float = 2.0
     stripe_backoff_max_s: float = 300.0
     stripe_push_interval_s: float = 2.0
@@ -57,9 +65,13 @@ class Settings(BaseSettings):
     stripe_quick_retries: int = 2
     stripe_drift_interval_s: float = 3600.0
 
-    # Secrets. The pepper turns a stolen key table into useless HMACs.
-    key_pepper: str = "dev-pepper-change-me"
+    # Secrets. The pepper turns a stolen key table into useless HMACs. Served processes
+    # refuse to start with the default, a placeholder or a short one (pepper_weakness).
+    key_pepper: str = DEFAULT_KEY_PEPPER
     key_cache_ttl_s: float = 30.0
+    # Key ids each API process remembers (found and unknown ones apart, least recently used
+    # evicted first), so a flood of forged ids cannot push the real keys out.
+    key_cache_max_ids: int = 10_000
 
     # Ingest limits (DESIGN §1).
     max_batch_events: int = 1000
@@ -88,7 +100,12 @@ class Settings(BaseSettings):
     sweep_interval_s: float = 1.0
     sweep_batch_size: int = 5000
     settle_chunk_size: int = 200
+    # A claimed chunk waits in the broker's queue for a worker this long at most before the
+    # sweep claims its runs again; nobody can renew it there, so it is long. A worker that
+    # starts the chunk holds the runs on the short `settle_hold_lease_s` instead, renewed
+    # every third of it while it works: a killed worker's runs are claimed again within it.
     claim_lease_s: int = 120
+    settle_hold_lease_s: int = 15
     max_settle_attempts: int = 5
     # Redis redelivers a task not acknowledged within this many seconds (Celery's
     # ``visibility_timeout``). None: four times the hard task time limit, so a running task
@@ -103,8 +120,15 @@ class Settings(BaseSettings):
     # that ended just before midnight still land in it); later changes go to the next one.
     period_close_delay_s: int = 24 * 3600
 
-    # Support: credits above this per run need an admin key.
-    support_credit_limit_micros: int = 50_000_000
+    # Support credits (issue #13): what support keys may give back without an admin. Both
+    # limits are cumulative and count every credit already granted, by any key: a credit
+    # that would take a run's support credits, or a customer's support credits granted that
+    # UTC day, above the limit needs an admin key.
+    support_credit_limit_micros: int = 50_000_000  # per run, all its credits together
+    # Per customer per UTC day, across its runs: four runs credited up to the per-run limit.
+    # Generous for a day of goodwill on one account, yet it bounds what a mistaken or stolen
+    # support key can hand one customer before an admin has to look.
+    support_credit_customer_daily_limit_micros: int = 200_000_000
 
     # Rate limits (issue #8): requests per window per API key, chosen by the key's scope, and
     # per client address for requests without a valid key. Counted in Redis, so all API
@@ -116,9 +140,20 @@ class Settings(BaseSettings):
     rate_limit_support_requests: int = 2000
     rate_limit_admin_requests: int = 2000
     rate_limit_anonymous_requests: int = 2000
+    # Events per window per ingest key, whatever the batching: a 1,000-event batch spends
+    # 1,000 of these (and one request). A batch that does not fit is refused whole, so keep
+    # this at least max_batch_events.
+    rate_limit_ingest_events: int = 100_000
     rate_limit_redis_prefix: str = "fairmeter:ratelimit"
     # After a Redis error the limiter lets requests through this long before asking again.
     rate_limit_redis_retry_s: float = 5.0
+    # Peers whose X-Forwarded-For is believed (comma-separated IPs or CIDRs). Empty: nobody's,
+    # so the limiter counts the address that actually connected.
+    trusted_proxies: str = ""
+    # How long a served API worker may take to start before its supervisor gives up on it.
+    # uvicorn's own default (5 s) kills and restarts a worker still importing the app on a
+    # loaded host, forever: on a 2-core machine at load 13 no worker ever came up.
+    worker_start_timeout_s: int = 120
 
     # Database pool.
     # Sized so 32 concurrent requests per process reuse connections instead of opening and
@@ -145,6 +180,36 @@ def to_psycopg_url(url: str) -> str:
         if url.startswith(prefix):
             return "postgresql+psycopg://" + url[len(prefix) :]
     return url
+
+
+class WeakPepperError(ValueError):
+    """The key pepper must not protect a served deployment; the message says how to fix it."""
+
+
+def pepper_weakness(pepper: str) -> str | None:
+    """Why ``pepper`` is unfit for a served API, worker or beat, or ``None`` when it is fit.
+
+    Whoever knows the pepper can turn a leaked key table into working keys, so a published
+    one (the code default, the compose placeholder) is as bad as none, and a short one can
+    be guessed offline from any one key and its stored HMAC.
+    """
+    if pepper in PLACEHOLDER_KEY_PEPPERS:
+        return "is a published placeholder"
+    if len(pepper.encode()) < MIN_KEY_PEPPER_BYTES:
+        return f"is shorter than {MIN_KEY_PEPPER_BYTES} bytes"
+    return None
+
+
+def require_strong_pepper(settings: Settings) -> None:
+    """Raise :class:`WeakPepperError` (one line: what is wrong and how to set it)."""
+    weakness = pepper_weakness(settings.key_pepper)
+    if weakness is not None:
+        raise WeakPepperError(
+            f"refusing to start: FAIRMETER_KEY_PEPPER {weakness}; set it to a random secret "
+            f"of at least {MIN_KEY_PEPPER_BYTES} bytes, e.g. FAIRMETER_KEY_PEPPER="
+            "$(python3 -c 'import secrets; print(secrets.token_urlsafe(48))'), "
+            "and keep it: keys made under one pepper do not work under another"
+        )
 
 
 @lru_cache(maxsize=1)

@@ -59,3 +59,29 @@ def raw_transaction(engine: Engine) -> Iterator[psycopg.Connection[Any]]:
         driver = connection.connection.driver_connection
         assert isinstance(driver, psycopg.Connection)
         yield driver
+
+
+# SQLSTATE classes and codes that say the database cannot serve anyone right now:
+# connection exceptions (08), insufficient resources (53), and a server shutting down or
+# starting (57P01-57P03). A query cancelled by a timeout (57014) or a deadlock (40P01) is not
+# among them: those belong to one transaction.
+_UNAVAILABLE_CLASSES = ("08", "53")
+_UNAVAILABLE_CODES = frozenset({"57P01", "57P02", "57P03"})
+
+
+def database_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` means the database is unreachable or lost the connection, whatever
+    the transaction did: no request's fault, so retrying one request after another only
+    waits for it again (a connect timeout each)."""
+    if isinstance(exc, sa.exc.TimeoutError):  # no pooled connection came free in time
+        return True
+    if isinstance(exc, sa.exc.DBAPIError):
+        if exc.connection_invalidated:
+            return True
+        exc = exc.orig if exc.orig is not None else exc
+    if isinstance(exc, psycopg.InterfaceError):
+        return True
+    if isinstance(exc, psycopg.OperationalError | sa.exc.OperationalError):
+        state = getattr(exc, "sqlstate", None)
+        return state is None or state[:2] in _UNAVAILABLE_CLASSES or state in _UNAVAILABLE_CODES
+    return False

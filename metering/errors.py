@@ -79,11 +79,66 @@ def bad_request(detail: str, code: str = "bad_request") -> MeteringError:
     return MeteringError(detail, code=code, status=400, title="Bad request")
 
 
+def unstorable_value() -> MeteringError:
+    """400 for a value the database refused to store (a data exception), which validation
+    should have refused first with its path. The value is not repeated: it may not print."""
+    return MeteringError(
+        "a value in the request cannot be stored (e.g. a NUL character or a number out of range)",
+        code="invalid_value",
+        status=400,
+        title="Bad request",
+    )
+
+
 def service_unavailable(detail: str, retry_after_s: int = 5) -> MeteringError:
     return MeteringError(
         detail,
         code="service_unavailable",
         status=503,
         title="Service unavailable",
+        extra={"retry_after_s": retry_after_s},
+    )
+
+
+def credit_exceeds_gross(
+    detail: str, *, creditable_micros: int, credit_micros: int
+) -> MeteringError:
+    """409: the credit is more than the run still bills, so it would take the run's credited
+    amount above its gross; nothing was credited (``creditable_micros`` is what is left)."""
+    return conflict(
+        detail,
+        code="credit_exceeds_gross",
+        creditable_micros=creditable_micros,
+        credit_micros=credit_micros,
+    )
+
+
+def credit_above_limit(
+    detail: str, *, limit: str, limit_micros: int, granted_micros: int, credit_micros: int
+) -> MeteringError:
+    """403: the credit would take support credits above ``limit`` ("per_run" or
+    "per_customer_per_day"); an admin key is needed. ``granted_micros`` counts the credits
+    already granted under that limit."""
+    return MeteringError(
+        detail,
+        code="credit_above_limit",
+        status=403,
+        title="Forbidden",
+        extra={
+            "limit": limit,
+            "limit_micros": limit_micros,
+            "granted_micros": granted_micros,
+            "credit_micros": credit_micros,
+        },
+    )
+
+
+def rate_limited(detail: str, retry_after_s: int) -> MeteringError:
+    """429: over a rate limit; ``Retry-After`` says when the window ends."""
+    return MeteringError(
+        detail,
+        code="rate_limited",
+        status=429,
+        title="Too many requests",
         extra={"retry_after_s": retry_after_s},
     )

@@ -9,6 +9,7 @@ from typing import Any
 import psycopg
 
 from metering.errors import bad_request, not_found
+from metering.ids import IdKind, id_problem
 from metering.keys import Scope, generate_key, key_hmac
 
 
@@ -43,6 +44,11 @@ def create_key(
     """
     if (scope is Scope.CUSTOMER) != (customer_id is not None):
         raise bad_request("customer keys, and only they, name a customer", code="invalid_key_spec")
+    # Tenants and customers follow the grammar ingest holds run and customer ids to.
+    for value, kind in ((tenant_id, IdKind.TENANT), (customer_id, IdKind.CUSTOMER)):
+        problem = None if value is None else id_problem(value, kind)
+        if problem:
+            raise bad_request(f"{problem}: {value!r}", code="invalid_id")
     ensure_tenant(conn, tenant_id)
     if customer_id is not None:
         conn.execute(

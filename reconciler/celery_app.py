@@ -6,12 +6,13 @@ never stored (nothing reads them).
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
-from celery import Celery
-from celery.signals import worker_process_init
+from celery import Celery, beat
+from celery.signals import beat_init, worker_init, worker_process_init
 
-from metering.config import Settings, load_settings
+from metering.config import Settings, WeakPepperError, load_settings, require_strong_pepper
 from metering.heap import freeze_startup_heap
 
 TASK_SOFT_TIME_LIMIT_S = 120
@@ -72,6 +73,21 @@ def create_celery(settings: Settings | None = None) -> Celery:
         },
     )
     return app
+
+
+@worker_init.connect
+@beat_init.connect
+def _refuse_a_weak_pepper(sender: Any = None, **_: Any) -> None:
+    """A worker or beat with a published or short pepper stops before doing anything, with
+    one line that says how to set it. (Only processes that serve refuse: importing this app
+    to send a task, in a test or a script, stays possible.)"""
+    try:
+        require_strong_pepper(load_settings())
+    except WeakPepperError as exc:
+        kind = "beat" if isinstance(sender, beat.Service) else "worker"
+        # The real stderr: beat has already redirected sys.stderr into its logger.
+        print(f"fairmeter {kind}: {exc}", file=sys.__stderr__, flush=True)
+        raise SystemExit(2) from None
 
 
 @worker_process_init.connect

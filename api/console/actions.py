@@ -32,7 +32,6 @@ from metering.db import raw_transaction
 from metering.disputes import service
 from metering.disputes.timeline import Dispute, disputes, timeline
 from metering.errors import MeteringError, conflict, not_found
-from metering.keys import Scope
 from metering.money import describe_usd
 from metering.runs import find_run_id
 
@@ -104,18 +103,22 @@ def plan_open(conn: psycopg.Connection[Any], ask: Ask) -> Plan:
     )
 
 
-def _credit_warnings(ask: Ask, credit: service.Credit, micros: int, billed: int) -> list[str]:
-    warnings = []
-    if credit.amount_micros is not None and credit.amount_micros > billed:
-        warnings.append(f"The amount is capped at what the run bills: {usd(micros)} USD.")
-    if micros == 0:
-        warnings.append("Nothing is billed on this run, so the credit changes no amount.")
-    limit = ask.services.settings.support_credit_limit_micros
-    if ask.console.principal.scope is Scope.SUPPORT and micros > limit:
-        warnings.append(
-            f"Credits above {usd(limit)} USD need an admin key; this one will be refused."
-        )
-    return warnings
+def _credit_warnings(
+    conn: psycopg.Connection[Any], ask: Ask, money: service.RunMoney, micros: int
+) -> list[str]:
+    """The refusal confirming would meet, asked of the use case itself, so the page and the
+    action never disagree about the rules."""
+    refusal = service.credit_refusal(
+        conn,
+        ask.console.principal,
+        money,
+        micros,
+        settings=ask.services.settings,
+        now=ask.now,
+    )
+    if refusal is None:
+        return []
+    return [f"{error_message(refusal)}; this credit will be refused."]
 
 
 def plan_approve(conn: psycopg.Connection[Any], ask: Ask) -> Plan:
@@ -124,9 +127,10 @@ def plan_approve(conn: psycopg.Connection[Any], ask: Ask) -> Plan:
     principal, settings = ask.console.principal, ask.services.settings
     run_id = find_run_id(conn, principal, ask.run)
     dispute = _open_dispute_of(conn, ask, run_id)
-    money = service.run_money(conn, run_id)
+    # Locked until the action commits: what the page shows is what confirming does.
+    money = service.locked_run_money(conn, run_id)
     micros = credit.micros(money.billed_micros)
-    warnings = _credit_warnings(ask, credit, micros, money.billed_micros)
+    warnings = _credit_warnings(conn, ask, money, micros)
 
     def execute(c: psycopg.Connection[Any]) -> str:
         service.approve_dispute(
@@ -175,7 +179,7 @@ def plan_reject(conn: psycopg.Connection[Any], ask: Ask) -> Plan:
 def plan_release(conn: psycopg.Connection[Any], ask: Ask) -> Plan:
     reason = required_text(ask.form, "reason", "say why the hold can be released")
     principal, settings = ask.console.principal, ask.services.settings
-    money = service.run_money(conn, find_run_id(conn, principal, ask.run))
+    money = service.locked_run_money(conn, find_run_id(conn, principal, ask.run))
     if not money.held:
         raise conflict("the run is not held for review", code="run_not_held")
 
@@ -225,7 +229,9 @@ def _act(
                     plan=plan,
                     run=run,
                     hidden=hidden,
-                    action=request.url.path,
+                    # Built from the run id, not the decoded request path, which for an
+                    # id with "?" or "#" in it (stored before the id grammar) is no URL.
+                    action=f"{run_path(run)}/{request.url.path.rsplit('/', 1)[-1]}",
                 )
     except MeteringError as exc:
         return _refused(request, console, services, run, form, exc)
@@ -252,6 +258,7 @@ def _refused(
         flash=flash,
         form=form,
         limit_micros=services.settings.support_credit_limit_micros,
+        daily_limit_micros=services.settings.support_credit_customer_daily_limit_micros,
     )
 
 

@@ -25,6 +25,7 @@ from api.console.web import (
     signed_in,
     take_flash,
 )
+from metering.console_sessions import end_session, open_session
 from metering.db import raw_transaction
 from metering.disputes import audit
 from metering.disputes.timeline import Timeline, disputes, search_runs, timeline
@@ -87,7 +88,8 @@ def login(request: Request[Any, Any, Any], state: State, data: Form) -> Response
             error=f"This is a {principal.scope.value} key. Only support and "
             "admin keys can sign in to the console.",
         )
-    token = session.issue(principal, services.settings.key_pepper, datetime.now(UTC))
+    with raw_transaction(services.engine) as conn:
+        token = open_session(conn, principal, datetime.now(UTC))
     response = Redirect(safe_next(next_path), status_code=303)
     response.set_cookie(
         cookie(request, session.SESSION_COOKIE, token, int(session.SESSION_TTL.total_seconds()))
@@ -99,7 +101,10 @@ def login(request: Request[Any, Any, Any], state: State, data: Form) -> Response
 @post("/logout", sync_to_thread=True, status_code=200)
 def logout(request: Request[Any, Any, Any], state: State, data: Form) -> Response[Any]:
     services = services_of(state)
-    check_csrf(signed_in(request, services), services, data)
+    console = signed_in(request, services)
+    check_csrf(console, services, data)
+    with raw_transaction(services.engine) as conn:
+        end_session(conn, console.token)
     response = Redirect("/console/login", status_code=303)
     response.delete_cookie(session.SESSION_COOKIE, path=session.COOKIE_PATH)
     return response
@@ -175,6 +180,7 @@ def run_page_response(
     flash: dict[str, str] | None = None,
     form: dict[str, str] | None = None,
     limit_micros: int,
+    daily_limit_micros: int,
 ) -> Response[str]:
     """The run page; actions re-render it with their error and the values typed so far."""
     view = found.run
@@ -192,6 +198,7 @@ def run_page_response(
         open_dispute=open_dispute,
         form=form or {},
         limit_micros=limit_micros,
+        daily_limit_micros=daily_limit_micros,
         kinds=sorted({e.type for e in found.events}),
     )
     response.status_code = status
@@ -205,7 +212,11 @@ def run_page(request: Request[Any, Any, Any], state: State, run: FromPath[str]) 
     with raw_transaction(services.engine) as conn:
         found = timeline(conn, console.principal, run)
     return run_page_response(
-        request, console, found, limit_micros=services.settings.support_credit_limit_micros
+        request,
+        console,
+        found,
+        limit_micros=services.settings.support_credit_limit_micros,
+        daily_limit_micros=services.settings.support_credit_customer_daily_limit_micros,
     )
 
 

@@ -21,7 +21,10 @@ from litestar.response import Redirect
 from markupsafe import Markup
 
 from api.console import session
+from api.html_security import html_headers, new_nonce
 from api.services import Services
+from metering.console_sessions import session_principal
+from metering.db import raw_transaction
 from metering.errors import MeteringError
 from metering.keys import Principal
 from metering.money import describe_usd, format_usd
@@ -31,15 +34,6 @@ log = logging.getLogger("fairmeter.console")
 Form = Annotated[dict[str, str], Body(media_type=RequestEncodingType.URL_ENCODED)]
 FLASH_COOKIE = "fm_console_flash"
 HTML = "text/html"  # Litestar adds the charset
-# No scripts at all, no outside assets, no framing (the confirm pages must not be clickjacked).
-SECURITY_HEADERS = {
-    "content-security-policy": "default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
-    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
-    "x-frame-options": "DENY",
-    "x-content-type-options": "nosniff",
-    "referrer-policy": "same-origin",
-    "cache-control": "no-store",
-}
 
 
 def usd(micros: int | None) -> str:
@@ -97,20 +91,16 @@ def services_of(state: State) -> Services:
 
 
 def signed_in(request: Request[Any, Any, Any], services: Services) -> Console:
-    """The session behind the cookie; :class:`NotSignedIn` (→ the sign-in page) otherwise."""
-    pepper = services.settings.key_pepper
+    """The session behind the cookie; :class:`NotSignedIn` (→ the sign-in page) otherwise:
+    no session, signed out, expired, or its key revoked or expired."""
     token = request.cookies.get(session.SESSION_COOKIE)
-    claims = session.verify(token, pepper, datetime.now(UTC))
-    if token is None or claims is None:
+    if not token:
         raise NotSignedIn
-    principal = services.keys.active_principal(claims.key_id)
-    if (
-        principal is None
-        or principal.tenant_id != claims.tenant_id
-        or principal.scope not in session.CONSOLE_SCOPES
-    ):
+    with raw_transaction(services.engine) as conn:
+        principal = session_principal(conn, token, datetime.now(UTC))
+    if principal is None or principal.scope not in session.CONSOLE_SCOPES:
         raise NotSignedIn
-    return Console(principal, token, session.csrf_token(token, pepper))
+    return Console(principal, token, session.csrf_token(token, services.settings.key_pepper))
 
 
 def check_csrf(console: Console, services: Services, form: Mapping[str, str]) -> None:
@@ -135,8 +125,9 @@ def cookie(request: Request[Any, Any, Any], key: str, value: str, max_age: int) 
 
 
 def render(template: str, *, status: int = 200, **context: Any) -> Response[str]:
-    html = TEMPLATES.get_template(template).render(**context)
-    return Response(html, status_code=status, media_type=HTML, headers=SECURITY_HEADERS)
+    nonce = new_nonce()
+    html = TEMPLATES.get_template(template).render(csp_nonce=nonce, **context)
+    return Response(html, status_code=status, media_type=HTML, headers=html_headers(nonce))
 
 
 def flash_cookie(request: Request[Any, Any, Any], text: str, level: str = "ok") -> Cookie:

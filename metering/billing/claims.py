@@ -1,7 +1,9 @@
 """Claiming due outbox rows for a push round (DESIGN §5): one pusher per customer at a time.
 
 Claims serialise on a transaction advisory lock, skip customers another pusher holds a
-lease on, and take the customers waiting longest first.
+lease on, and take the customers waiting longest first. The lease is short and the pusher
+renews it while its round lasts (``metering/leases.py``), so a killed pusher's customers
+wait one short lease, not a long one (issue #13 §7).
 """
 
 from __future__ import annotations
@@ -97,3 +99,16 @@ def claim(
     ]
     items.sort(key=lambda i: i.id)
     return items
+
+
+# Rows the round released (sent, rescheduled, dead, deferred) have no claim and stay free.
+RENEW = """
+UPDATE stripe_outbox SET claimed_until = %(until)s
+WHERE id = ANY(%(ids)s) AND status = 'pending' AND claimed_until IS NOT NULL
+"""
+
+
+def renew(conn: psycopg.Connection[Any], ids: list[int], until: datetime) -> None:
+    """Extend a live pusher's claim on ``ids`` (the rows it still holds) to ``until``."""
+    if ids:
+        conn.execute(RENEW, {"ids": ids, "until": until})

@@ -4,7 +4,9 @@ Each customer's rows are sent one after another (Stripe allows one concurrent me
 call per customer and meter); different customers go in parallel threads. Retryable errors
 reschedule the row with jittered exponential backoff through ``next_attempt_at`` (no long
 task countdowns); a duplicate identifier means Stripe already has the event; any other 4xx
-parks the row as ``dead`` with the error kept.
+parks the row as ``dead`` with the error kept. The round renews its claim on its rows while
+it lasts (``claims.renew``), so the claim's lease is short and a killed pusher's customers
+are claimed again soon (issue #13 §7).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -25,6 +27,7 @@ from metering.billing.gateway import StripeGateway, Verdict, classify
 from metering.billing.plan import Carry, PlanInput, Sent, Step, plan, within_any
 from metering.config import Settings
 from metering.db import raw_transaction
+from metering.leases import Heartbeat
 
 log = logging.getLogger("fairmeter.stripe")
 RECORD_BATCH = 50
@@ -39,6 +42,7 @@ class PushReport:
     calls: int = 0
     retried: int = 0
     dead: int = 0
+    lease_lost: int = 0  # customers left because the lease was not renewed in time
     errors: list[str] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -46,6 +50,24 @@ class PushReport:
         with self._lock:
             for name, value in counts.items():
                 setattr(self, name, getattr(self, name) + value)
+
+
+class HeldRows:
+    """The round's claimed rows it still renews: a customer's leave the set when its rows
+    are done with, whatever their state (a row released and claimed again by another
+    pusher is that pusher's to renew)."""
+
+    def __init__(self, ids: Iterable[int]) -> None:
+        self._ids = set(ids)
+        self._lock = threading.Lock()
+
+    def ids(self) -> list[int]:
+        with self._lock:
+            return sorted(self._ids)
+
+    def drop(self, ids: Iterable[int]) -> None:
+        with self._lock:
+            self._ids.difference_update(ids)
 
 
 def backoff(attempts: int, settings: Settings, rng: random.Random) -> timedelta:
@@ -82,26 +104,47 @@ class Pusher:
         failure = self._ensure_meter()
         if failure is not None:
             return failure
+        lease = timedelta(seconds=settings.stripe_push_lease_s)
+        claimed_at = time.monotonic()
         with raw_transaction(self._engine) as conn:
             items = claims.claim(
                 conn,
                 self._clock(),
                 settings.stripe_push_batch_size,
-                timedelta(seconds=settings.stripe_push_lease_s),
+                lease,
                 max_customers=CUSTOMERS_PER_THREAD * settings.stripe_push_threads,
             )
+        if not items:
+            return PushReport()
+        held = HeldRows(item.id for item in items)
+        with Heartbeat(
+            lambda until: self._renew(held.ids(), until),
+            lease,
+            self._clock,
+            name="stripe-push",
+            written_at=claimed_at,
+        ) as hold:
+            return self._push_claimed(items, held, hold)
+
+    def _push_claimed(
+        self, items: list[outbox.OutboxItem], held: HeldRows, hold: Heartbeat
+    ) -> PushReport:
         plans = self._make_plans([i for i in items if i.plan is None])
         by_customer: dict[tuple[str, str], list[outbox.OutboxItem]] = {}
         for item in items:
             by_customer.setdefault((item.tenant_id, item.customer_id), []).append(item)
         report = PushReport()
-        with ThreadPoolExecutor(max_workers=settings.stripe_push_threads) as pool:
+        with ThreadPoolExecutor(max_workers=self._settings.stripe_push_threads) as pool:
             for future in [
-                pool.submit(self._push_customer, rows, plans, report)
+                pool.submit(self._push_customer, rows, plans, report, held, hold)
                 for rows in by_customer.values()
             ]:
                 future.result()
         return report
+
+    def _renew(self, ids: list[int], until: datetime) -> None:
+        with raw_transaction(self._engine) as conn:
+            claims.renew(conn, ids, until)
 
     def _ensure_meter(self) -> PushReport | None:
         """Stripe refuses meter events for an event name without a meter: create it once.
@@ -117,11 +160,19 @@ class Pusher:
         return None
 
     def _push_customer(
-        self, items: list[outbox.OutboxItem], plans: dict[int, list[Step]], report: PushReport
+        self,
+        items: list[outbox.OutboxItem],
+        plans: dict[int, list[Step]],
+        report: PushReport,
+        held: HeldRows,
+        lease: Heartbeat,
     ) -> None:
         """Send one customer's rows in order. Deliveries are recorded in batches: a crash
         before a batch is written only means the calls are repeated with the same
-        identifiers and idempotency keys, which Stripe answers without a second effect."""
+        identifiers and idempotency keys, which Stripe answers without a second effect.
+
+        Stops, leaving the rows claimed until the lease runs out, when the lease may have
+        lapsed: another pusher may have the customer by then."""
         done: list[outbox.Delivery] = []
         try:
             for item in items:
@@ -132,6 +183,10 @@ class Pusher:
                     report.add(sent_rows=1)
                     continue
                 for index in range(item.next_step, len(steps)):
+                    if not lease.held():
+                        log.warning("push lease not renewed; leaving the customer's rows")
+                        report.add(lease_lost=1)
+                        return
                     outcome = self._send_step(item, index, steps[index], report=report)
                     if outcome is None:  # retry later; keep the customer's order
                         self._defer_rest(item, items)
@@ -146,6 +201,7 @@ class Pusher:
                     report.add(sent_rows=1)
         finally:
             self._record(done)
+            held.drop(item.id for item in items)
 
     def _defer_rest(self, failed: outbox.OutboxItem, items: list[outbox.OutboxItem]) -> None:
         """The customer's rows after ``failed`` wait for its next attempt, unclaimed: left

@@ -1,16 +1,18 @@
 """Pure: support's say applied on top of a policy decision.
 
-Support can grant an extra credit on a run and can release a run held for review (R7/R8).
-Both are kept on the run and applied to every later policy decision too, so late evidence
-re-decides the run without undoing what support granted.
+Support can grant credits on a run and can release a run held for review (R7/R8). Both
+are kept and applied to every later policy decision too, so late evidence re-decides the
+run without undoing what support granted. A credit is of the usage the run had when it was
+granted: it never reaches usage that arrived later, which the policy alone settles.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 
 from metering.money import describe_usd
-from metering.policy import HELD_FOR_REVIEW, Decision, outcome_for
+from metering.policy import HELD_FOR_REVIEW, Decision, UsageLine, outcome_for
 from metering.policy.status import (
     CANCELLED,
     COMPLETED,
@@ -19,6 +21,41 @@ from metering.policy.status import (
     FAILED_PARTIAL,
     FAILED_RESTORED,
 )
+
+
+@dataclass(frozen=True, slots=True)
+class SupportGrant:
+    """A credit support granted: an amount of the run's usage lines up to ``covers_line_id``
+    (the run's highest line id when it was granted)."""
+
+    amount_micros: int
+    covers_line_id: int
+
+
+def covered_credit_micros(
+    grants: Sequence[SupportGrant],
+    usage: Iterable[UsageLine],
+    policy_credited_line_ids: Iterable[int],
+) -> int:
+    """What support's grants take off a decision: each grant at most its amount, and only
+    of what the policy still bills of the lines it covers.
+
+    Grants are applied narrowest cover first; each one's room is what its lines bill less
+    what the narrower grants (whose lines are among its own) already took. So when late
+    evidence makes the policy credit a line support had credited, the support credit
+    shrinks rather than spilling onto later usage, and the result never exceeds the
+    decision's billed amount.
+    """
+    gross_by_line = {line.line_id: line.gross_micros for line in usage}  # duplicates collapse
+    credited = set(policy_credited_line_ids)
+    billed_lines = [(i, gross) for i, gross in gross_by_line.items() if i not in credited]
+    applied = 0
+    for grant in sorted(grants, key=lambda g: g.covers_line_id):
+        billed_covered = sum(
+            gross for line_id, gross in billed_lines if line_id <= grant.covers_line_id
+        )
+        applied += max(0, min(grant.amount_micros, billed_covered - applied))
+    return applied
 
 
 def status_after(policy_status: str, billed: int, credited: int) -> str:

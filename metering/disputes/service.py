@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 
 from metering.config import Settings
-from metering.disputes import audit
+from metering.disputes import audit, credits
 from metering.errors import (
     FieldError,
     MeteringError,
@@ -46,7 +46,7 @@ class Credit:
         if self.amount_micros is not None:
             if self.amount_micros <= 0:
                 raise _bad("$.amount_micros", "must be a positive number of micro-USD")
-            return min(self.amount_micros, billed_micros)
+            return self.amount_micros  # more than is billed is refused, never quietly cut
         try:
             percent = Decimal(self.percent or "")
         except InvalidOperation:
@@ -98,14 +98,31 @@ def _require_support(principal: Principal) -> None:
         raise forbidden("support or admin scope is needed")
 
 
-def _check_limit(principal: Principal, credit_micros: int, settings: Settings) -> None:
-    if principal.scope is Scope.SUPPORT and credit_micros > settings.support_credit_limit_micros:
-        raise MeteringError(
-            f"credits above {settings.support_credit_limit_micros} micro-USD need an admin",
-            code="credit_above_limit",
-            status=403,
-            title="Forbidden",
-        )
+def locked_run_money(conn: psycopg.Connection[Any], run_id: int) -> RunMoney:
+    """The run's amounts, read under its lock: they cannot change until the transaction
+    ends, so a credit checked against them is the credit applied."""
+    credits.lock_run(conn, run_id)
+    return run_money(conn, run_id)
+
+
+def credit_refusal(
+    conn: psycopg.Connection[Any],
+    principal: Principal,
+    money: RunMoney,
+    credit_micros: int,
+    *,
+    settings: Settings,
+    now: datetime,
+) -> MeteringError | None:
+    """Why this credit would be refused (409 above what the run bills, 403 above a support
+    limit, 422 when it rounds to nothing), or None. The console warns with it."""
+    refusal = credits.over_billed(money.billed_micros, credit_micros)
+    if refusal is None and credit_micros == 0:
+        refusal = _bad("$.percent", "the credit rounds to 0 micro-USD")
+    if refusal is None:
+        already = credits.granted(conn, money.run_id, principal.tenant_id, money.customer_id, now)
+        refusal = credits.over_limit(principal, credit_micros, already, settings)
+    return refusal
 
 
 def open_dispute(
@@ -154,6 +171,16 @@ def _dispute(conn: psycopg.Connection[Any], principal: Principal, dispute_id: in
     return row
 
 
+def _run_of_dispute(conn: psycopg.Connection[Any], principal: Principal, dispute_id: int) -> int:
+    row = conn.execute(
+        "SELECT run_id FROM disputes WHERE id = %s AND tenant_id = %s",
+        (dispute_id, principal.tenant_id),
+    ).fetchone()
+    if row is None:
+        raise not_found(f"no dispute {dispute_id}", code="dispute_not_found")
+    return int(row[0])
+
+
 def grant_credit(
     conn: psycopg.Connection[Any],
     principal: Principal,
@@ -165,18 +192,22 @@ def grant_credit(
     now: datetime,
     action: str,
 ) -> tuple[int, int | None]:
-    """Credit a run (releasing its hold, if held); returns (credit micros, new version)."""
+    """Credit a run (releasing its hold, if held); returns (credit micros, new version).
+
+    Credits on a run are serialised by its lock and measured against what it bills under
+    that lock; one that is more than the run bills is refused (409 ``credit_exceeds_gross``),
+    as is a support key's credit above a cumulative limit (403 ``credit_above_limit``). The
+    credit is recorded against the usage the run has now, so it never reaches later usage.
+    """
     _require_support(principal)
     if not reason.strip():
         raise _bad("$.reason", "give the reason the customer will see")
-    before = run_money(conn, run_id)
+    before = locked_run_money(conn, run_id)
     micros = credit.micros(before.billed_micros)
-    _check_limit(principal, micros, settings)
-    conn.execute(
-        "UPDATE runs SET support_credit_micros = support_credit_micros + %s, "
-        "support_released = true WHERE id = %s",
-        (micros, run_id),
-    )
+    refusal = credit_refusal(conn, principal, before, micros, settings=settings, now=now)
+    if refusal is not None:
+        raise refusal
+    credits.record_grant(conn, principal, run_id, micros, now)
     report = settle_runs(conn, [run_id], now=now, settings=settings, origin="support")
     after = run_money(conn, run_id)
     audit.record(
@@ -203,6 +234,9 @@ def approve_dispute(
     now: datetime,
 ) -> None:
     _require_support(principal)
+    # The run's lock before the dispute's, the order every credit path (and the console's
+    # review of one) takes them in: two approvals of one dispute never wait in a cycle.
+    credits.lock_run(conn, _run_of_dispute(conn, principal, dispute_id))
     _, run_id, _ = _dispute(conn, principal, dispute_id)
     micros, version = grant_credit(
         conn,
@@ -264,7 +298,7 @@ def release_hold(
     """Bill a held run as the policy proposed (its R1–R3 credits stay)."""
     _require_support(principal)
     run_id = find_run_id(conn, principal, subject)
-    before = run_money(conn, run_id)
+    before = locked_run_money(conn, run_id)  # customer, then run: settlement's order
     if not before.held:
         raise conflict("the run is not held for review", code="run_not_held")
     conn.execute("UPDATE runs SET support_released = true WHERE id = %s", (run_id,))

@@ -10,7 +10,11 @@ is in flight together keeps every request's guarantees:
   request's copy reported as a duplicate, exactly as if they had come one after another;
 - atomicity: a request whose events would fail (409 ``event_conflict``, 422
   ``customer_mismatch``) fails the combined statement; the caller then rolls back and
-  stores the group's requests one by one, so only the failing request fails.
+  stores the group's requests one by one, so only the failing request fails;
+- isolation: the same holds for any other error of the combined transaction (a value the
+  database refuses, a deadlock): no request is ever answered with another's error. Values
+  PostgreSQL cannot store are refused by validation, before any transaction, so that one
+  tenant's bad input does not even cost the others a retry.
 """
 
 from __future__ import annotations

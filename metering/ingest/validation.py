@@ -23,6 +23,7 @@ from metering.catalogue import (
     FieldSpec,
 )
 from metering.errors import FieldError
+from metering.ids import IdKind, id_problem
 
 CORE_ATTRIBUTES = ("specversion", "id", "source", "type", "subject", "time")
 # Attributes that describe the transport, not the event: excluded from the content hash so
@@ -30,6 +31,9 @@ CORE_ATTRIBUTES = ("specversion", "id", "source", "type", "subject", "time")
 TRANSPORT_ATTRIBUTES = frozenset({"datacontenttype", "dataschema"})
 EXTENSION_NAME = re.compile(r"^[a-z0-9]{1,20}$")
 JSON_CONTENT_TYPE = re.compile(r"^application/(?:[\w.+-]+\+)?json(?:\s*;.*)?$", re.IGNORECASE)
+# What a PostgreSQL text or jsonb value cannot hold: NUL, and UTF-16 surrogates, which are
+# not characters (JSON can carry one as an escape; a Python caller can pass one).
+UNSTORABLE_CHARACTER = re.compile(r"[\x00\ud800-\udfff]")
 RFC3339 = re.compile(
     r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:[Zz]|[+-]\d{2}:\d{2})$"
 )
@@ -69,7 +73,7 @@ def parse_rfc3339(value: str) -> datetime | None:
         text = match.group(1) + match.group(2)[:6] + match.group(3)
     try:
         return datetime.fromisoformat(text).astimezone(UTC)
-    except ValueError:
+    except (ValueError, OverflowError):  # 0001-01-01T00:00+01:00 is in the year 0 in UTC
         return None
 
 
@@ -88,7 +92,11 @@ _canonical = msgspec.json.Encoder(order="sorted")
 
 def content_hash(attributes: Mapping[str, Any], data: Mapping[str, Any]) -> bytes:
     """SHA-256 of the canonical JSON of attributes and data (sorted keys, no spaces)."""
-    return hashlib.sha256(_canonical.encode({"attributes": attributes, "data": data})).digest()
+    return hashlib.sha256(_canonical_json(attributes, data)).digest()
+
+
+def _canonical_json(attributes: Mapping[str, Any], data: Mapping[str, Any]) -> bytes:
+    return _canonical.encode({"attributes": attributes, "data": data})
 
 
 def _check_field(path: str, value: Any, spec: FieldSpec) -> FieldError | None:
@@ -117,13 +125,9 @@ def _validate_data(path: str, event_type: str, data: Any) -> list[FieldError]:
     if not isinstance(data, dict):
         return [FieldError(path, "invalid_type", "data must be a JSON object")]
     errors: list[FieldError] = []
-    customer = data.get("customer")
-    if customer is None:
-        errors.append(FieldError(f"{path}.customer", "missing_field", "customer is required"))
-    elif not isinstance(customer, str) or not 0 < len(customer) <= 128:
-        errors.append(
-            FieldError(f"{path}.customer", "invalid_type", "must be a string of 1-128 chars")
-        )
+    problem = _id_error(data.get("customer"), f"{path}.customer", IdKind.CUSTOMER)
+    if problem:
+        errors.append(problem)
     specs = EVENT_TYPES[event_type]
     for name, spec in specs.items():
         if name not in data or data[name] is None:
@@ -150,16 +154,29 @@ def _text_attribute(raw: Mapping[str, Any], name: str, path: str, limit: int) ->
     return None
 
 
+def _id_error(value: Any, path: str, kind: IdKind) -> FieldError | None:
+    """Ids become URL segments and file names, so they follow :mod:`metering.ids`."""
+    if value is None:
+        return FieldError(path, "missing_field", f"{path.rsplit('.', 1)[-1]} is required")
+    if not isinstance(value, str):
+        return FieldError(path, "invalid_type", "must be a string")
+    problem = id_problem(value, kind)
+    return FieldError(path, "invalid_id", problem) if problem else None
+
+
 def _validate_attributes(
     raw: Mapping[str, Any], path: str, window: TimeWindow
 ) -> tuple[list[FieldError], datetime | None]:
     errors: list[FieldError] = []
     if raw.get("specversion") != "1.0":
         errors.append(FieldError(f"{path}.specversion", "invalid_value", "specversion must be 1.0"))
-    for name, limit in (("id", 255), ("source", 255), ("subject", 200), ("type", 64)):
+    for name, limit in (("id", 255), ("source", 255), ("type", 64)):
         problem = _text_attribute(raw, name, path, limit)
         if problem:
             errors.append(problem)
+    subject_problem = _id_error(raw.get("subject"), f"{path}.subject", IdKind.RUN)
+    if subject_problem:
+        errors.append(subject_problem)
     event_type = raw.get("type")
     if isinstance(event_type, str) and event_type not in EVENT_TYPES:
         errors.append(
@@ -201,6 +218,30 @@ def _validate_time(
     return moment
 
 
+def _unstorable_texts(raw: Mapping[str, Any], path: str) -> list[FieldError]:
+    """Each stored string of the event that PostgreSQL cannot store, by its path.
+
+    Refused here, not by the database: a database error fails a whole transaction, which may
+    hold other requests too (group commit). Names need no check: one holding such a
+    character is no field or extension name, and is refused as that.
+    """
+    errors = []
+    data = raw.get("data")
+    for prefix, values in ((path, raw), (f"{path}.data", data if isinstance(data, dict) else {})):
+        for name, value in values.items():
+            found = UNSTORABLE_CHARACTER.search(value) if isinstance(value, str) else None
+            if found and name not in TRANSPORT_ATTRIBUTES:
+                errors.append(
+                    FieldError(
+                        f"{prefix}.{name}",
+                        "invalid_character",
+                        f"U+{ord(found.group()):04X} at position {found.start()} cannot be "
+                        "stored (NUL and lone UTF-16 surrogates are not allowed in text)",
+                    )
+                )
+    return errors
+
+
 def validate_event(
     raw: Any, path: str, index: int, window: TimeWindow
 ) -> ValidEvent | list[FieldError]:
@@ -213,8 +254,8 @@ def validate_event(
         errors.append(FieldError(f"{path}.data", "missing_field", "data is required"))
     elif isinstance(event_type, str) and event_type in EVENT_TYPES:
         errors.extend(_validate_data(f"{path}.data", event_type, raw["data"]))
-    if errors:
-        return errors
+    if errors:  # the error path: cost does not matter, all of the event's errors do
+        return errors + _unstorable_texts(raw, path)
     assert moment is not None
     attributes = {
         name: value
@@ -223,6 +264,18 @@ def validate_event(
     }
     attributes["time"] = canonical_time(moment)
     data = dict(raw["data"])
+    # The canonical JSON holds every stored string: it escapes a NUL as \u0000 and cannot
+    # encode a surrogate. So the scan string by string, which would cost each event about
+    # as much as decoding it, runs only when there is a string at fault to name.
+    try:
+        canonical: bytes | None = _canonical_json(attributes, data)
+    except UnicodeEncodeError:
+        canonical = None
+    if canonical is None or b"\\u0000" in canonical:
+        unstorable = _unstorable_texts(raw, path)
+        if unstorable:
+            return unstorable
+        assert canonical is not None, "a surrogate in a stored string that the scan missed"
     return ValidEvent(
         index=index,
         source=raw["source"],
@@ -233,7 +286,7 @@ def validate_event(
         customer=data["customer"],
         data=data,
         attributes=attributes,
-        body_hash=content_hash(attributes, data),
+        body_hash=hashlib.sha256(canonical).digest(),
     )
 
 

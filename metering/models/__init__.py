@@ -17,12 +17,13 @@ from metering.models.events import EventRow, RunRow, UsageLineRow
 from metering.models.ledger import LedgerEntryRow
 from metering.models.settlement import DecisionRow
 from metering.models.statements import StatementLineRow
-from metering.models.support import AuditRow, DisputeRow
-from metering.models.tenancy import ApiKeyRow, CustomerRow, TenantRow
+from metering.models.support import AuditRow, DisputeRow, SupportCreditRow
+from metering.models.tenancy import ApiKeyRow, ConsoleSessionRow, CustomerRow, TenantRow
 
 __all__ = [
     "ApiKeyRow",
     "AuditRow",
+    "ConsoleSessionRow",
     "CustomerRow",
     "DecisionRow",
     "DisputeRow",
@@ -36,6 +37,7 @@ __all__ = [
     "StripeDeliveryRow",
     "StripeOutboxRow",
     "StripeWebhookRow",
+    "SupportCreditRow",
     "TenantRow",
     "UsageLineRow",
     "metadata",

@@ -40,6 +40,47 @@ class DisputeRow(SQLModel, table=True):
     decision_version: int | None = Field(default=None)
 
 
+class SupportCreditRow(SQLModel, table=True):
+    """One credit support granted on a run: an amount of the usage the run had at the time.
+
+    Append-only, like the ledger. ``covers_line_id`` is the run's highest usage line id
+    when the credit was granted; settlement applies the credit only to the billed part of
+    those lines, so usage that arrives later is settled by policy, never by an old credit.
+    (Ingest locks the run row before it allocates line ids, and a grant holds that lock, so
+    every later line of the run has a higher id.) ``grant_no`` numbers a run's credits: two
+    credits that were not serialised on the run would collide on it.
+    """
+
+    __tablename__ = "support_credits"
+    __table_args__ = (
+        sa.UniqueConstraint("run_id", "grant_no"),
+        sa.CheckConstraint("amount_micros > 0", name="amount_positive"),
+        sa.CheckConstraint("grant_no >= 1 AND covers_line_id >= 0", name="numbers_valid"),
+        # The per-customer daily limit sums a customer's credits of one UTC day.
+        sa.Index(
+            "ix_support_credits_tenant_id_customer_id_granted_at",
+            "tenant_id",
+            "customer_id",
+            "granted_at",
+        ),
+        sa.ForeignKeyConstraint(
+            ["tenant_id", "customer_id", "run_id"],
+            ["runs.tenant_id", "runs.customer_id", "runs.id"],
+        ),
+    )
+
+    id: int | None = Field(default=None, primary_key=True, sa_type=sa.BigInteger)
+    tenant_id: str = Field(max_length=64)
+    customer_id: str = Field(max_length=128)
+    run_id: int = Field(sa_type=sa.BigInteger)
+    grant_no: int = Field(sa_column=sa.Column(sa.Integer, nullable=False))
+    amount_micros: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
+    covers_line_id: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
+    granted_by: str = Field(max_length=128)
+    granted_by_scope: str = Field(max_length=16)
+    granted_at: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))
+
+
 class AuditRow(SQLModel, table=True):
     """Append-only (the database refuses UPDATE and DELETE): who did what, why, and the
     amounts before and after."""

@@ -52,3 +52,16 @@ class CustomerRow(SQLModel, table=True):
     id: str = Field(primary_key=True, max_length=128)
     stripe_customer_id: str | None = Field(default=None, max_length=255)
     created_at: datetime | None = timestamp_field(default_now=True)
+
+
+class ConsoleSessionRow(SQLModel, table=True):
+    """A support-console sign-in. The cookie holds a random token; only its SHA-256 is kept,
+    so a copy of this table opens no session. Sign-out deletes the row; a revoked or expired
+    key ends its sessions because every request reads the session joined to its key."""
+
+    __tablename__ = "console_sessions"
+
+    token_sha256: str = Field(primary_key=True, max_length=64)
+    key_id: str = Field(foreign_key="api_keys.key_id", max_length=32, index=True)
+    created_at: datetime | None = timestamp_field(default_now=True)
+    expires_at: datetime | None = timestamp_field()

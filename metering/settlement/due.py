@@ -72,14 +72,21 @@ IS_DUE_SQL = """
 
 # Attempts are counted by claims and reset with them (claimed_until and settle_attempts
 # are set and cleared together), so a run with attempts has a claim, and an expired
-# claim is a range of ``ix_runs_pending_claimed_until``.
+# claim is a range of ``ix_runs_pending_claimed_until``. A run locked by a settlement
+# transaction is being tried right now (its hold is not renewed while locked): it is
+# skipped, not waited for, so a sweep never stalls behind a slow chunk.
 PARK_POISON_RUNS = """
+WITH poison AS (
+    SELECT id FROM runs
+    WHERE settled_evidence_version < evidence_version AND parked_at IS NULL
+      AND claimed_until < %(now)s
+      AND settle_attempts >= %(max_attempts)s
+    FOR UPDATE SKIP LOCKED
+)
 UPDATE runs SET parked_at = %(now)s,
        parked_reason = 'settlement failed ' || settle_attempts || ' times in a row'
-WHERE settled_evidence_version < evidence_version AND parked_at IS NULL
-  AND claimed_until < %(now)s
-  AND settle_attempts >= %(max_attempts)s
-RETURNING id, tenant_id, subject
+FROM poison WHERE runs.id = poison.id
+RETURNING runs.id, runs.tenant_id, runs.subject
 """
 
 # Sweeps take this lock in their transaction, so they claim one after the other: two sweeps
@@ -109,6 +116,21 @@ WITH due AS (
 UPDATE runs SET claimed_until = %(lease_until)s, settle_attempts = settle_attempts + 1
 FROM due WHERE runs.id = due.id
 RETURNING runs.id, runs.tenant_id, runs.customer_id, COALESCE(terminal_at, last_event_at)
+"""
+
+
+# A worker that starts a chunk holds its runs on a lease of its own, short and renewed while
+# it works (``metering/leases.py``), instead of the sweep's: that one must outlast the wait
+# in the broker's queue, which nobody renews. Rows locked by a settlement transaction are
+# skipped, not waited for: the sweep skips them too (SKIP LOCKED), so the lock holds them.
+HOLD_RUNS = """
+UPDATE runs SET claimed_until = %(until)s
+WHERE id IN (
+    SELECT id FROM runs
+    WHERE id = ANY(%(ids)s) AND claimed_until IS NOT NULL
+      AND settled_evidence_version < evidence_version AND parked_at IS NULL
+    FOR UPDATE SKIP LOCKED
+)
 """
 
 
@@ -163,6 +185,11 @@ def claim_due_runs(
     claimed = [ClaimedRun(*row) for row in rows]
     claimed.sort(key=lambda c: (c.ended_at, c.run_id))
     return claimed
+
+
+def hold_runs(conn: psycopg.Connection[Any], run_ids: list[int], until: datetime) -> None:
+    """Move the claims of ``run_ids`` still unsettled to end at ``until`` (see ``HOLD_RUNS``)."""
+    conn.execute(HOLD_RUNS, {"ids": run_ids, "until": until})
 
 
 def chunk_by_customer(claimed: list[ClaimedRun], size: int) -> list[list[int]]:

@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 import psycopg
 
+from metering.disputes.adjust import SupportGrant
 from metering.policy import EventFact, UsageLine
 from metering.settlement.due import RunClock
 
@@ -33,7 +34,7 @@ class LockedRun:
     credited_micros: int
     period: str | None
     first_event_at: datetime
-    support_credit_micros: int = 0
+    support_credit_micros: int = 0  # Σ of the run's support_credits rows, written with them
     support_released: bool = False
 
 
@@ -153,6 +154,24 @@ def _summaries(usage_rows: Sequence[tuple[Any, ...]]) -> dict[int, UsageSummary]
         run_id: UsageSummary(tuple(sorted(models[run_id])), *sums)
         for run_id, sums in tokens.items()
     }
+
+
+def load_support_grants(
+    conn: psycopg.Connection[Any], runs: Sequence[LockedRun]
+) -> dict[int, list[SupportGrant]]:
+    """The support credits of the runs that have any; no statement when none has (most)."""
+    ids = [r.run_id for r in runs if r.support_credit_micros > 0]
+    if not ids:
+        return {}
+    rows = conn.execute(
+        "SELECT run_id, amount_micros, covers_line_id FROM support_credits "
+        "WHERE run_id = ANY(%(ids)s) ORDER BY run_id, grant_no",
+        {"ids": ids},
+    ).fetchall()
+    grants: dict[int, list[SupportGrant]] = {}
+    for run_id, amount_micros, covers_line_id in rows:
+        grants.setdefault(run_id, []).append(SupportGrant(amount_micros, covers_line_id))
+    return grants
 
 
 @dataclass

@@ -13,11 +13,13 @@ from sqlalchemy.engine import Engine
 
 from metering.config import Settings
 from metering.db import raw_transaction
+from metering.leases import Heartbeat, elapsed_since
 from metering.settlement.due import (
     ParkedRun,
     Windows,
     chunk_by_customer,
     claim_due_runs,
+    hold_runs,
     park_poison_runs,
 )
 from metering.settlement.settle import SettleReport, settle_runs
@@ -59,8 +61,30 @@ def settle_chunk(
     engine: Engine, settings: Settings, run_ids: list[int], now: datetime | None = None
 ) -> SettleReport:
     """Settle a chunk in one transaction; if that fails, each run alone, so one poison run
-    cannot hold up the others (it stays claimed, its attempts count up, and it is parked)."""
+    cannot hold up the others (it stays claimed, its attempts count up, and it is parked).
+
+    The chunk's runs are held on ``settle_hold_lease_s``, renewed while this runs: if the
+    process dies, another worker's sweep claims them again one short lease later, not when
+    the sweep's ``claim_lease_s`` for the queued chunk runs out (issue #13 §7). A run that
+    failed keeps the hold it had and is retried when it ends."""
     now = now or now_utc()
+    with Heartbeat(
+        lambda until: _hold(engine, run_ids, until),
+        timedelta(seconds=settings.settle_hold_lease_s),
+        elapsed_since(now),
+        name="settle-chunk",
+    ):
+        return _settle_chunk(engine, settings, run_ids, now)
+
+
+def _hold(engine: Engine, run_ids: list[int], until: datetime) -> None:
+    with raw_transaction(engine) as conn:
+        hold_runs(conn, run_ids, until)
+
+
+def _settle_chunk(
+    engine: Engine, settings: Settings, run_ids: list[int], now: datetime
+) -> SettleReport:
     try:
         with raw_transaction(engine) as conn:
             return settle_runs(conn, run_ids, now=now, settings=settings)

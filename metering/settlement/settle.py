@@ -16,7 +16,7 @@ import psycopg
 
 from metering.billing import outbox
 from metering.config import Settings
-from metering.disputes.adjust import apply_support
+from metering.disputes.adjust import apply_support, covered_credit_micros
 from metering.ledger.postings import Position
 from metering.ledger.repo import EntryRecord, RunAccount, entries_moving, insert_entries
 from metering.periods import period_of, statement_period
@@ -99,6 +99,7 @@ def settle_runs(
     close_delay = timedelta(seconds=settings.period_close_delay_s)
     totals = repo.load_period_totals(conn, due, periods)
     previous = repo.latest_decisions(conn, due)
+    grants = repo.load_support_grants(conn, due)
     config = policy_config(settings)
     entries: list[EntryRecord] = []
     unchanged: list[repo.LockedRun] = []
@@ -121,7 +122,9 @@ def settle_runs(
         auto_credit = policy_decision.credited_micros if automatic else 0
         decision = apply_support(
             policy_decision,
-            extra_credit_micros=run.support_credit_micros,
+            extra_credit_micros=covered_credit_micros(
+                grants.get(run.run_id, ()), facts.usage, policy_decision.credited_line_ids
+            ),
             released=run.support_released,
             ended_kind=ended_kind(facts.events),
         )

@@ -36,14 +36,27 @@ CSV_HEADER = [
 ]
 
 
+# OWASP's CSV-injection rule: a spreadsheet reads a cell that starts with one of these as a
+# formula (=cmd|' /C calc'!A0), so such a cell gets a leading single quote, which makes
+# Excel, LibreOffice and Sheets read it as text. LF is added for the same reason as CR.
+FORMULA_TRIGGERS = ("=", "+", "-", "@", "\t", "\r", "\n")
+
+
+def csv_text(value: str) -> str:
+    """A text cell as a spreadsheet will show it and never evaluate it."""
+    return "'" + value if value.startswith(FORMULA_TRIGGERS) else value
+
+
 def csv_row(line: StatementLine) -> list[str]:
+    """One line's cells. Text is neutralised; numbers we format ourselves (a negative
+    correction is ``-1200``) stay numbers."""
     return [
-        line.kind,
-        line.run,
+        csv_text(line.kind),
+        csv_text(line.run),
         str(line.version),
         line.started_at.isoformat(),
         line.ended_at.isoformat(),
-        ";".join(line.models),
+        csv_text(";".join(line.models)),
         str(line.input_tokens),
         str(line.cached_input_tokens),
         str(line.output_tokens),
@@ -53,18 +66,21 @@ def csv_row(line: StatementLine) -> list[str]:
         format_usd(line.gross_micros),
         format_usd(line.billed_micros),
         format_usd(line.credited_micros),
-        line.outcome,
-        line.status,
-        line.explanation,
-        line.corrects_period or "",
-        line.stripe,
+        csv_text(line.outcome),
+        csv_text(line.status),
+        csv_text(line.explanation),
+        csv_text(line.corrects_period or ""),
+        csv_text(line.stripe),
     ]
 
 
 def csv_chunks(lines: Iterable[StatementLine], rows_per_chunk: int = 500) -> Iterator[bytes]:
-    """The CSV, header first, in chunks of rows: constant memory for any number of lines."""
+    """The CSV, header first, in chunks of rows: constant memory for any number of lines.
+
+    Every cell is quoted (OWASP): where the spreadsheet's separator is ``;`` (most of
+    Europe), an unquoted ``a;=1+1`` would split into a second cell that is a formula."""
     buffer = io.StringIO()
-    writer = csv.writer(buffer)
+    writer = csv.writer(buffer, quoting=csv.QUOTE_ALL)
     writer.writerow(CSV_HEADER)
     for count, line in enumerate(lines, start=1):
         writer.writerow(csv_row(line))

@@ -104,7 +104,7 @@ def test_revoked_key_is_401(client, engine, stored_run):
 
     parsed = parse_key(stored_run)
     assert parsed is not None
-    client.app.state.services.keys._cache.clear()  # skip the TTL for the test
+    client.app.state.services.keys._found.clear()  # skip the TTL for the test
     with raw_transaction(engine) as conn:
         revoke_key(conn, parsed.key_id)
     assert read_run(client, stored_run).status_code == 401

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 # The pepper the test settings hash API keys with; a test that starts its own process or
 # reads the stored hashes needs the same one.
-TEST_PEPPER = "test-pepper"
+TEST_PEPPER = "test-pepper-0123456789abcdef0123456789abcdef"  # strong enough to serve (32+ bytes)
 # Tables that hold a test's data; prices and the schema version survive between tests.
 DATA_TABLES = (
     "audit_log",
     "disputes",
+    "support_credits",
     "statement_lines",
     "stripe_deliveries",
     "stripe_outbox",
@@ -20,6 +21,7 @@ DATA_TABLES = (
     "usage_lines",
     "events",
     "runs",
+    "console_sessions",
     "api_keys",
     "customers",
     "tenants",

@@ -34,8 +34,14 @@ def worker_children(worker: subprocess.Popen[bytes]) -> list[psutil.Process]:
 
 
 def child_in_transaction(worker: subprocess.Popen[bytes], db: Any) -> psutil.Process | None:
-    """A worker child with an open database transaction (mid-claim or mid-settlement), found
-    by matching its sockets' ports with ``pg_stat_activity.client_port``."""
+    """A worker child with an open database transaction (mid-claim or mid-settlement)."""
+    busy = children_in_transaction(worker, db)
+    return busy[0] if busy else None
+
+
+def children_in_transaction(worker: subprocess.Popen[bytes], db: Any) -> list[psutil.Process]:
+    """The worker's children with an open database transaction, found by matching their
+    sockets' ports with ``pg_stat_activity.client_port``."""
     busy_ports = {
         port
         for (port,) in db.execute(
@@ -44,12 +50,13 @@ def child_in_transaction(worker: subprocess.Popen[bytes], db: Any) -> psutil.Pro
         ).fetchall()
     }
     if not busy_ports:
-        return None
+        return []
+    busy = []
     for child in worker_children(worker):
         try:
             ports = {c.laddr.port for c in child.net_connections(kind="tcp")}
         except psutil.NoSuchProcess:
             continue
         if ports & busy_ports:
-            return child
-    return None
+            busy.append(child)
+    return busy

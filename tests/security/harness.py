@@ -58,7 +58,7 @@ def serve(
         )
         base = f"http://127.0.0.1:{port}"
         try:
-            wait_http(f"{base}/healthz")
+            wait_http(f"{base}/healthz", deadline_s=120)  # ~30 s to start on a loaded host
             yield Served(base, out, err)
         finally:
             proc.terminate()

