@@ -37,11 +37,12 @@ if str(ROOT) not in sys.path:  # `python bench/ingest.py` puts bench/, not the r
 from bench import report  # noqa: E402
 from bench.loadgen import LoadResult, Target, run_bodies  # noqa: E402
 from bench.procs import CpuMeter, Server, free_port, serve  # noqa: E402
-from metering.ingest.validation import TimeWindow, canonical_time, validate_batch  # noqa: E402
+from metering.ingest.validation import TimeWindow, validate_batch  # noqa: E402
 from metering.keys import Scope  # noqa: E402
 from metering.keys_repo import create_key  # noqa: E402
 from metering.migrate import upgrade  # noqa: E402
 from metering.prices import insert_prices, read_catalog_file  # noqa: E402
+from metering.timestamps import canonical_time  # noqa: E402
 
 BENCH_DATABASE = "fairmeter_bench"
 LOCAL_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"

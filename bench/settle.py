@@ -55,7 +55,6 @@ if str(ROOT) not in sys.path:  # `python bench/settle.py` puts bench/, not the r
 from metering.config import Settings  # noqa: E402
 from metering.db import SESSION_OPTIONS, create_db_engine  # noqa: E402
 from metering.ingest.service import IngestRequest, ingest_events  # noqa: E402
-from metering.ingest.validation import canonical_time  # noqa: E402
 from metering.keys_repo import ensure_tenant  # noqa: E402
 from metering.migrate import upgrade  # noqa: E402
 from metering.policy import CustomerPeriod, RunFacts, decide  # noqa: E402
@@ -63,6 +62,7 @@ from metering.prices import CatalogCache, insert_prices, load_catalog, read_cata
 from metering.settlement import repo  # noqa: E402
 from metering.settlement.runner import claim_due_chunks  # noqa: E402
 from metering.settlement.settle import policy_config  # noqa: E402
+from metering.timestamps import canonical_time  # noqa: E402
 
 BENCH_DATABASE = "fairmeter_bench_settle"
 LOCAL_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"

@@ -19,8 +19,8 @@ from typing import Any
 import psycopg
 
 from metering.errors import FieldError, validation_error
-from metering.ingest.validation import parse_rfc3339
 from metering.pricing import Price, PriceCatalog, TokenClass
+from metering.timestamps import parse_rfc3339
 
 SAMPLE_CATALOG = "sample_prices.csv"
 

@@ -25,7 +25,6 @@ from fairmeter_client import Run
 from fairmeter_client.events import Draft, to_cloudevent
 
 from devtools.simulator.scenarios import Scenario
-from metering.ingest.validation import parse_rfc3339
 from metering.policy import (
     HELD_FOR_REVIEW,
     PARTIALLY_CREDITED,
@@ -40,6 +39,7 @@ from metering.policy import (
 )
 from metering.policy.timeline import ending_event
 from metering.pricing import PriceCatalog, TokenCounts
+from metering.timestamps import parse_rfc3339
 
 
 class _Capture:

@@ -10,7 +10,7 @@ import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import msgspec
@@ -24,6 +24,7 @@ from metering.catalogue import (
 )
 from metering.errors import FieldError
 from metering.ids import IdKind, id_problem
+from metering.timestamps import canonical_time, parse_rfc3339
 
 CORE_ATTRIBUTES = ("specversion", "id", "source", "type", "subject", "time")
 # Attributes that describe the transport, not the event: excluded from the content hash so
@@ -34,9 +35,6 @@ JSON_CONTENT_TYPE = re.compile(r"^application/(?:[\w.+-]+\+)?json(?:\s*;.*)?$", 
 # What a PostgreSQL text or jsonb value cannot hold: NUL, and UTF-16 surrogates, which are
 # not characters (JSON can carry one as an escape; a Python caller can pass one).
 UNSTORABLE_CHARACTER = re.compile(r"[\x00\ud800-\udfff]")
-RFC3339 = re.compile(
-    r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:[Zz]|[+-]\d{2}:\d{2})$"
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,23 +60,6 @@ class ValidEvent:
     data: dict[str, Any]
     attributes: dict[str, Any]
     body_hash: bytes
-
-
-def parse_rfc3339(value: str) -> datetime | None:
-    if not RFC3339.match(value):
-        return None
-    text = value.replace("z", "Z").replace("Z", "+00:00").replace("t", "T").replace(" ", "T")
-    match = re.match(r"^(.*\.)(\d+)(.*)$", text)
-    if match and len(match.group(2)) > 6:  # Python keeps microseconds; drop the rest
-        text = match.group(1) + match.group(2)[:6] + match.group(3)
-    try:
-        return datetime.fromisoformat(text).astimezone(UTC)
-    except (ValueError, OverflowError):  # 0001-01-01T00:00+01:00 is in the year 0 in UTC
-        return None
-
-
-def canonical_time(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 # The canonical form is the bytes of ``json.dumps(value, sort_keys=True,

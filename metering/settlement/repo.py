@@ -14,8 +14,8 @@ from typing import Any
 import msgspec
 import psycopg
 
-from metering.disputes.adjust import SupportGrant
 from metering.policy import EventFact, UsageLine
+from metering.policy.support import SupportGrant
 from metering.settlement.due import RunClock
 
 

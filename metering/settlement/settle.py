@@ -16,7 +16,6 @@ import psycopg
 
 from metering.billing import outbox
 from metering.config import Settings
-from metering.disputes.adjust import apply_support, covered_credit_micros
 from metering.ledger.postings import Position
 from metering.ledger.repo import EntryRecord, RunAccount, entries_moving, insert_entries
 from metering.periods import period_of, statement_period
@@ -26,12 +25,12 @@ from metering.policy import (
     REFUNDED,
     CustomerPeriod,
     Decision,
-    EventFact,
     PolicyConfig,
     RunFacts,
     decide,
 )
-from metering.policy.ending import Ending, ending_of_events
+from metering.policy.ending import ending_of_events
+from metering.policy.support import apply_support, covered_credit_micros
 from metering.settlement import repo
 from metering.settlement.due import Windows, due_at
 from metering.statements.projection import LineChange, record_lines
@@ -126,7 +125,7 @@ def settle_runs(
                 grants.get(run.run_id, ()), facts.usage, policy_decision.credited_line_ids
             ),
             released=run.support_released,
-            ended_kind=ended_kind(facts.events),
+            ending=ending_of_events(facts.events),
         )
         period_totals.gross_micros += run.gross_micros
         period_totals.auto_credited_micros += auto_credit
@@ -198,12 +197,6 @@ def _billing_changes(
         for d in records
         if d.position_billed_micros != billed_before[d.run_id]
     ]
-
-
-def ended_kind(events: Sequence[EventFact]) -> str:
-    """How the run ended (the policy's one definition), in the words ``apply_support`` uses."""
-    ending = ending_of_events(events)
-    return {Ending.COMPLETED: "completed", Ending.USER_CANCELLED: "cancelled"}.get(ending, "failed")
 
 
 def _comparable(decision: Decision) -> tuple[str, int, int, tuple[int, ...], tuple[str, ...]]:

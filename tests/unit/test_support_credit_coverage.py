@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from metering.disputes.adjust import SupportGrant, covered_credit_micros
 from metering.policy import UsageLine
+from metering.policy.support import SupportGrant, covered_credit_micros
 from tests.unit.policy_factories import at
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 from metering.money import describe_usd
 from metering.policy import HELD_FOR_REVIEW, Decision, UsageLine, outcome_for
+from metering.policy.ending import Ending
 from metering.policy.status import (
     CANCELLED,
     COMPLETED,
@@ -70,12 +71,12 @@ def status_after(policy_status: str, billed: int, credited: int) -> str:
 
 
 def apply_support(
-    decision: Decision, *, extra_credit_micros: int, released: bool, ended_kind: str
+    decision: Decision, *, extra_credit_micros: int, released: bool, ending: Ending
 ) -> Decision:
     """The decision with support's credit and release applied; unchanged when there is none.
 
-    ``ended_kind`` is the status the policy would show without a hold ("completed", "failed"
-    or "cancelled"), needed to word a released hold.
+    ``ending`` is how the run ended (``policy.ending.ending_of_events``), needed to word a
+    released hold.
     """
     held = decision.outcome == HELD_FOR_REVIEW
     if extra_credit_micros == 0 and not (held and released):
@@ -85,7 +86,9 @@ def apply_support(
     credit = min(extra_credit_micros, decision.billed_micros)
     billed = decision.billed_micros - credit
     credited = decision.credited_micros + credit
-    base_status = {"completed": COMPLETED, "cancelled": CANCELLED}.get(ended_kind, FAILED_CHARGED)
+    base_status = {Ending.COMPLETED: COMPLETED, Ending.USER_CANCELLED: CANCELLED}.get(
+        ending, FAILED_CHARGED
+    )
     status = status_after(base_status if held else decision.status, billed, credited)
     note = f" Support credited {describe_usd(credit)} USD." if credit else ""
     if held:
