@@ -236,7 +236,10 @@ def validate_event(
     elif isinstance(event_type, str) and event_type in EVENT_TYPES:
         errors.extend(_validate_data(f"{path}.data", event_type, raw["data"]))
     if errors:  # the error path: cost does not matter, all of the event's errors do
-        return errors + _unstorable_texts(raw, path)
+        # One error per field: an id holding a NUL is outside the id grammar, and that is
+        # the more useful thing to say about it.
+        named = {error.path for error in errors}
+        return errors + [e for e in _unstorable_texts(raw, path) if e.path not in named]
     assert moment is not None
     attributes = {
         name: value
