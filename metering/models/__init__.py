@@ -9,6 +9,7 @@ from metering.models.billing import (
     StripeCarryRow,
     StripeClosedPeriodRow,
     StripeDeliveryRow,
+    StripeInvoiceRow,
     StripeOutboxRow,
     StripeWebhookRow,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "StripeCarryRow",
     "StripeClosedPeriodRow",
     "StripeDeliveryRow",
+    "StripeInvoiceRow",
     "StripeOutboxRow",
     "StripeWebhookRow",
     "TenantRow",
