@@ -191,8 +191,11 @@ class StripeGateway:
         return None
 
     def _view(self, invoice: Any) -> InvoiceView:
+        data: dict[str, Any] = invoice.to_dict()
         meter = self.meter_id()
-        lines = list(invoice.lines.data)
+        lines: list[dict[str, Any]] = (data.get("lines") or {}).get("data") or []
+        # The emulator names the meter on the line; Stripe links it through the price, and a
+        # Fairmeter subscription has one metered line.
         ours = [ln for ln in lines if (ln.get("metadata") or {}).get("meter") == meter]
         line = (ours or lines or [None])[0]
         unit = Decimal(0)
@@ -200,11 +203,11 @@ class StripeGateway:
             pricing = line.get("pricing") or {}
             unit = Decimal(str(pricing.get("unit_amount_decimal") or 0))
         return InvoiceView(
-            id=str(invoice.id),
-            status=str(invoice.status),
-            currency=str(invoice.currency),
-            amount_remaining=int(invoice.amount_remaining),
-            line_id=None if line is None else str(line.id),
+            id=str(data["id"]),
+            status=str(data["status"]),
+            currency=str(data["currency"]),
+            amount_remaining=int(data["amount_remaining"]),
+            line_id=None if line is None else str(line["id"]),
             unit_amount_minor=unit,
         )
 
@@ -214,7 +217,7 @@ class StripeGateway:
         self._limiter.acquire()
         page: Any = self._client.v1.credit_notes.list(params={"invoice": invoice_id, "limit": 100})
         for note in page.auto_paging_iter():
-            if (note.metadata or {}).get("fairmeter_identifier") == identifier:
+            if (note.to_dict().get("metadata") or {}).get("fairmeter_identifier") == identifier:
                 return str(note.id), int(note.amount)
         return None
 
