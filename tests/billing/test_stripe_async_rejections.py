@@ -1,0 +1,74 @@
+"""Issue #20: Stripe accepts meter events with 200 and rejects them later, in an error report.
+
+The report samples at most five events per code; the rest are found by comparing what was
+sent in the report's window with Stripe's summaries. Every rejected event counts as having
+no effect, its row is dead-lettered with the code, and ``fairmeter stripe dead --retry-all``
+plans the rows again from what Stripe actually has: the invoice ends equal to the ledger.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from metering.billing.push import Pusher
+from metering.billing.service import handle_webhooks, link_customer
+from tests.billing.conftest import drain
+from tests.billing.invoicing import (
+    Clocks,
+    billed_minor,
+    finalize_month_of,
+    invoiced_minor,
+    invoicing_settings,
+    subscribe_destinations,
+)
+from tests.billing.test_stripe_corrections import START, big_run
+from tests.conftest import ROOT, service_env
+
+RUNS = 8  # more than the report's five samples
+
+
+def test_async_rejection_is_found_beyond_the_samples_retried_and_invoiced_once(
+    engine, settings, stripe_settings, db, control, sdk, webhook_api
+):
+    billing = invoicing_settings(stripe_settings)
+    control.settings(validation_mode="async")
+    subscribe_destinations(control, webhook_api)
+    clocks = Clocks(control)
+    clocks.start()
+    for number in range(RUNS):
+        big_run(engine, billing, f"run-{number}", "cust-0")  # 120 units each
+    link_customer(engine, "acme", "cust-0", "cus_not_in_stripe")
+    pusher = Pusher(engine, billing, clock=clocks.clock)
+    drain(pusher, engine)
+    assert db.execute("SELECT count(*) FROM stripe_outbox WHERE status = 'sent'").fetchone() == (
+        RUNS,
+    )
+
+    report = control.issue_error_reports()["reports"]
+    assert len(report) == 1
+    handle_webhooks(engine, billing)  # fetched in full, compared with the summaries
+    dead = db.execute("SELECT last_error FROM stripe_outbox WHERE status = 'dead'").fetchall()
+    assert len(dead) == RUNS
+    rejected = db.execute(
+        "SELECT count(*) FROM stripe_deliveries WHERE kind = 'meter_rejected'"
+    ).fetchone()
+    assert rejected == (RUNS,)
+
+    stripe_id = str(sdk.v1.customers.create(params={"name": "cust-0"}).id)
+    link_customer(engine, "acme", "cust-0", stripe_id)
+    retried = subprocess.run(
+        [sys.executable, "-m", "cli", "stripe", "dead", "--retry-all"],
+        cwd=ROOT,
+        env=service_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert f"{RUNS} row(s) back to pending" in retried.stdout
+    drain(pusher, engine)
+    finalize_month_of(START, clocks, engine, billing)
+
+    assert invoiced_minor(sdk, stripe_id) == billed_minor(db, "cust-0")
+    assert billed_minor(db, "cust-0") == {START.strftime("%Y-%m"): RUNS * 120}
