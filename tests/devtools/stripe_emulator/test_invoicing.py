@@ -183,3 +183,20 @@ def test_an_invoice_with_nothing_due_is_paid_at_finalization(
 
     (invoice,) = invoices_of(client, customer.id)
     assert (invoice.total, invoice.status) == (0, "paid")
+
+
+def test_a_negative_cycle_total_is_invoiced_as_quantity_zero(
+    client: stripe.StripeClient,
+    control: EmulatorControl,
+    meter: stripe.billing.Meter,
+    customer: stripe.Customer,
+) -> None:
+    control.settings(allow_negative_values=True)
+    control.set_clock(at(2026, 1, 20), frozen=True)
+    send_usage(client, customer.id, 3, timestamp=at(2026, 1, 19), identifier="a1")
+    send_usage(client, customer.id, -5, timestamp=at(2026, 1, 19), identifier="a2")
+
+    control.set_clock(FEB_1 + HOUR_S, frozen=True)
+
+    (invoice,) = invoices_of(client, customer.id)
+    assert (invoice.lines.data[0].quantity, invoice.total) == (0, 0)
