@@ -3,7 +3,6 @@ are refunded, credited to the balance in the invoice's currency, or settled out 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,7 +13,6 @@ from tests.devtools.stripe_emulator.invoicing_harness import (
     FEB_1,
     HOUR_S,
     SNAPSHOT_SECRET,
-    Receiver,
     at,
     invoices_of,
     receiver,
