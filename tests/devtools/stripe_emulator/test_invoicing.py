@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -200,3 +201,20 @@ def test_a_negative_cycle_total_is_invoiced_as_quantity_zero(
 
     (invoice,) = invoices_of(client, customer.id)
     assert (invoice.lines.data[0].quantity, invoice.total) == (0, 0)
+
+
+def test_usage_received_after_the_finalization_instant_is_left_out_even_if_noticed_later(
+    client: stripe.StripeClient,
+    control: EmulatorControl,
+    meter: stripe.billing.Meter,
+    customer: stripe.Customer,
+) -> None:
+    control.set_clock(at(2026, 1, 31, 23), frozen=True)
+    send_usage(client, customer.id, 4, timestamp=at(2026, 1, 31, 22), identifier="on-time")
+    control.set_clock(FEB_1 + HOUR_S - 1, frozen=False)  # real seconds tick from here
+    time.sleep(2.5)  # the finalization instant passes with nobody asking
+
+    send_usage(client, customer.id, 9, timestamp=at(2026, 1, 31, 23, 59), identifier="too-late")
+
+    (invoice,) = invoices_of(client, customer.id)
+    assert (invoice.status, invoice.total) == ("open", 4)
