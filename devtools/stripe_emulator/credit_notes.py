@@ -70,7 +70,7 @@ def create_credit_note(state: EmulatorState, params: Params) -> dict[str, Any]:
         _check_split(state, invoice, amount - pre, split)
         note = CreditNote(
             id=new_id("cn"),
-            number=f"{invoice.number}-CN-{_notes_of(state, invoice.id).__len__() + 1:02d}",
+            number=f"{invoice.number}-CN-{len(_notes_of(state, invoice.id)) + 1:02d}",
             invoice=invoice.id,
             customer=invoice.customer,
             currency=invoice.currency,
@@ -244,7 +244,9 @@ def list_credit_notes(state: EmulatorState, params: Params) -> dict[str, Any]:
     check_known(params, {"invoice", "customer", "limit", "starting_after", "ending_before"})
     invoice, customer = optional_str(params, "invoice"), optional_str(params, "customer")
     with state.lock:
-        notes = sorted(state.book.credit_notes.values(), key=lambda n: n.created, reverse=True)
+        # Newest first; among equal ``created``, the later one first.
+        newest = reversed(list(state.book.credit_notes.values()))
+        notes = sorted(newest, key=lambda n: n.created, reverse=True)
         rows = [
             render_credit_note(note)
             for note in notes

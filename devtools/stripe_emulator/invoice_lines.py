@@ -22,7 +22,8 @@ def usage_lines(state: EmulatorState, invoice: Invoice, at: int) -> list[Invoice
             InvoiceLine(
                 id=f"il_{invoice.id[3:]}_{meter_id[4:12]}",
                 meter=meter_id,
-                quantity=aggregate(meter.formula, events),
+                # Stripe bills a negative cycle total (negative events allowed) as quantity 0.
+                quantity=max(0, aggregate(meter.formula, events)),
                 unit_amount_minor=invoice.unit_amount_minor,
                 period_start=invoice.period_start,
                 period_end=invoice.period_end,
