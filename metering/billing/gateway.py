@@ -197,7 +197,7 @@ class StripeGateway:
         # The emulator names the meter on the line; Stripe links it through the price, and a
         # Fairmeter subscription has one metered line.
         ours = [ln for ln in lines if (ln.get("metadata") or {}).get("meter") == meter]
-        line = (ours or lines or [None])[0]
+        line = next(iter(ours or lines), None)
         unit = Decimal(0)
         if line is not None:
             pricing = line.get("pricing") or {}

@@ -7,8 +7,8 @@ task countdowns); a duplicate identifier means Stripe already has the event; any
 parks the row as ``dead`` with the error kept. A replayed 5xx, or a row still retrying near
 the end of Stripe's 24 h idempotency window, is reconciled against Stripe (reconcile.py)
 before anything is resent, then resent under a new generation of keys and identifiers.
-A credit note waits, without holding the customer's other rows, until its invoice is
-finalized.
+A credit note (credit_notes.py) waits, without holding the customer's other rows, until
+its invoice is finalized.
 """
 
 from __future__ import annotations
@@ -24,14 +24,8 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.engine import Engine
 
-from metering.billing import claims, outbox, reconcile
-from metering.billing.gateway import (
-    StripeGateway,
-    Verdict,
-    classify,
-    minor_amount,
-    replayed_server_error,
-)
+from metering.billing import claims, credit_notes, outbox, reconcile
+from metering.billing.gateway import StripeGateway, Verdict, classify, replayed_server_error
 from metering.billing.plan import (
     BillingPeriods,
     Carry,
@@ -75,11 +69,6 @@ class Done:
     invoice_id: str | None = None
     currency: str | None = None
     amount_minor: int | None = None
-
-
-class InvoiceNotFinal(Exception):
-    """A credit note's invoice is not finalized yet: wait for it (Stripe refuses credit
-    notes on drafts; a finalized invoice is the only one a credit note can adjust)."""
 
 
 WAIT = "wait"  # the row waits; the customer's later rows go on
@@ -301,9 +290,12 @@ class Pusher:
                 outcome = self._call(item, step, key)
                 report.add(calls=1)
                 return outcome
-            except InvoiceNotFinal as exc:
+            except credit_notes.InvoiceNotFinal as exc:
                 self._wait(item, str(exc))
                 return WAIT
+            except credit_notes.NoInvoice as exc:
+                self._failed(item, exc, Verdict.DEAD, report)
+                return False
             except Exception as exc:  # classified: every SDK error maps to a verdict
                 verdict = classify(exc)
                 if verdict is Verdict.DELIVERED:
@@ -390,28 +382,11 @@ class Pusher:
         raise ValueError(f"no longer planned: {step.kind}")  # legacy balance credits
 
     def _credit_note(self, item: outbox.OutboxItem, step: Step, key: str) -> Done:
-        """A credit note on the finalized invoice of the step's period. Looked up first, so a
-        retry after an unknown outcome never issues a second one."""
-        gateway, now = self._gateway(), self._clock()
-        moment = datetime.fromtimestamp(step.timestamp, UTC)
+        now = self._clock()
         if step.units == 0:
             return Done(now, "less than one meter unit: carried")
-        invoice = gateway.invoice_for(item.stripe_customer_id, moment)
-        if invoice is None or invoice.status == "draft":
-            raise InvoiceNotFinal(f"waiting for the invoice of {moment.isoformat()} to finalize")
-        amount = minor_amount(step.units, invoice.unit_amount_minor)
-        found = gateway.find_credit_note(invoice.id, step.identifier)
-        if found is not None:
-            return Done(now, found[0], invoice.id, invoice.currency, found[1])
-        note = gateway.create_credit_note(
-            invoice=invoice,
-            amount_minor=amount,
-            after_payment=self._settings.stripe_credit_note_after_payment,
-            identifier=step.identifier,
-            metadata={"run_id": str(item.run_id), "decision_version": str(item.version)},
-            key=key,
-        )
-        return Done(now, note, invoice.id, invoice.currency, amount)
+        issued = credit_notes.issue(self._gateway(), self._settings, item, step, key, now)
+        return Done(now, issued.note_id, issued.invoice_id, issued.currency, issued.amount_minor)
 
     def _wait(self, item: outbox.OutboxItem, why: str) -> None:
         at = self._clock() + timedelta(seconds=self._settings.stripe_backoff_max_s)
