@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 
 from metering.billing.push import Pusher
 from metering.billing.service import handle_webhooks, link_customer
@@ -72,3 +73,38 @@ def test_async_rejection_is_found_beyond_the_samples_retried_and_invoiced_once(
 
     assert invoiced_minor(sdk, stripe_id) == billed_minor(db, "cust-0")
     assert billed_minor(db, "cust-0") == {START.strftime("%Y-%m"): RUNS * 120}
+
+
+def test_a_timestamp_rejected_as_too_old_is_planned_again_at_once_and_dated_now(
+    engine, stripe_settings, db, control, link, sdk, webhook_api
+):
+    """Our clock ran 40 days behind Stripe's: Stripe takes the event, then rejects it as
+    older than its 35 days. That code needs no operator: the row is planned again at once,
+    and the resend is dated now, in the open month, never back into a finalized one."""
+    billing = invoicing_settings(stripe_settings)
+    control.settings(validation_mode="async")
+    subscribe_destinations(control, webhook_api)
+    clocks = Clocks(control)
+    clocks.start()
+    big_run(engine, billing, "run-old", "cust-f")
+    stripe_id = link("cust-f")
+    later = datetime.now(UTC) + timedelta(days=40)
+    control.set_clock(int(later.timestamp()), frozen=True)  # Stripe's clock only
+    pusher = Pusher(engine, billing, clock=clocks.clock)
+    drain(pusher, engine)
+    control.issue_error_reports()
+    handle_webhooks(engine, billing)
+    (status, plan) = db.execute("SELECT status, plan FROM stripe_outbox").fetchone()
+    assert (status, plan) == ("pending", None)
+
+    clocks.jump(later)  # our clock catches up
+    drain(pusher, engine)
+    events = {e["identifier"]: e for e in control.state()["meter_events"]}
+    (run_id,) = db.execute("SELECT id FROM runs WHERE subject = 'run-old'").fetchone()
+    assert events[f"run:{run_id}:v1"]["error_code"] == "timestamp_too_far_in_past"
+    resent = events[f"run:{run_id}:v1:g1"]
+    assert resent["error_code"] is None and resent["timestamp"] >= int(later.timestamp()) - 5
+    finalize_month_of(later, clocks, engine, billing)
+    invoiced = invoiced_minor(sdk, stripe_id)
+    assert invoiced == {later.strftime("%Y-%m"): 120}
+    assert sum(invoiced.values()) == sum(billed_minor(db, "cust-f").values())
