@@ -14,7 +14,7 @@ from api.openapi_docs import StripeWebhookOperation, problems
 from api.services import Services
 from metering.billing import webhooks
 from metering.db import raw_transaction
-from metering.errors import MeteringError
+from metering.errors import MeteringError, bad_request
 
 
 @post(
@@ -50,6 +50,8 @@ def _receive(
 ) -> dict[str, Any]:
     settings = services.settings
     secret = settings.stripe_thin_webhook_secret if thin else settings.stripe_webhook_secret
+    if not signature:  # unsigned is a bad request whether or not this destination is set up
+        raise bad_request("the Stripe-Signature header is missing", code="signature_missing")
     if not secret:
         raise MeteringError(
             "webhooks are not configured", code="webhooks_disabled", status=404, title="Not found"

@@ -17,6 +17,7 @@ from metering.billing.service import handle_webhooks, link_customer
 from tests.billing.conftest import drain
 from tests.billing.invoicing import (
     Clocks,
+    away_from_a_month_end,
     billed_minor,
     finalize_month_of,
     invoiced_minor,
@@ -26,6 +27,7 @@ from tests.billing.invoicing import (
 from tests.billing.test_stripe_corrections import START, big_run
 from tests.conftest import ROOT, service_env
 
+pytestmark = away_from_a_month_end()
 RUNS = 8  # more than the report's five samples
 
 

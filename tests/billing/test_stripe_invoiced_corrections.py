@@ -15,6 +15,7 @@ from metering.settlement.runner import settle_due_now
 from tests.billing.conftest import drain
 from tests.billing.invoicing import (
     Clocks,
+    away_from_a_month_end,
     billed_minor,
     finalize_month_of,
     invoiced_minor,
@@ -26,6 +27,7 @@ from tests.billing.test_stripe_corrections import START, big_run, credit
 from tests.support.events import usage
 from tests.support.ingest import ingest
 
+pytestmark = away_from_a_month_end()
 DECEMBER = START.strftime("%Y-%m")
 
 
