@@ -313,19 +313,6 @@ def replan(conn: psycopg.Connection[Any], ids: Sequence[int], unit_micros: int) 
     return result.rowcount
 
 
-def next_generation(conn: psycopg.Connection[Any], item_id: int, now: datetime) -> int:
-    """Reconciled as not landed: the rest of the plan goes out under fresh keys and
-    identifiers (the old key may be spent on a stored 5xx, or past Stripe's window), and
-    the new keys' window starts now."""
-    row = conn.execute(
-        "UPDATE stripe_outbox SET generation = generation + 1, first_attempt_at = %s "
-        "WHERE id = %s RETURNING generation",
-        (now, item_id),
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
 def billing_periods(
     conn: psycopg.Connection[Any],
     stripe_customer_ids: Sequence[str],

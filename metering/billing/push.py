@@ -72,7 +72,7 @@ class Done:
 
 
 WAIT = "wait"  # the row waits; the customer's later rows go on
-RESEND = "resend"  # reconciled as not landed: send the step again under a new generation
+RESEND = "resend"  # reconciled as not landed: plan the row again under a new generation
 Outcome = Done | bool | str | None
 
 
@@ -167,11 +167,14 @@ class Pusher:
                     )
                     outcome = self._send_step(item, index, sent_step, done, report=report)
                     if outcome == RESEND:
-                        now = self._clock()
+                        # Planned again from what Stripe has, under a new generation: the old
+                        # plan may date the resend into a period finalized meanwhile.
+                        self._record(done)
                         with raw_transaction(self._engine) as conn:
-                            generation = outbox.next_generation(conn, item.id, now)
-                        item = replace(item, generation=generation, first_attempt_at=now)
-                        continue
+                            unit = self._settings.stripe_meter_unit_micros
+                            outbox.replan(conn, [item.id], unit)
+                        self._defer_rest(item, items)
+                        return
                     if outcome is None:  # retry later; keep the customer's order
                         self._defer_rest(item, items)
                         return
