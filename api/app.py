@@ -19,7 +19,7 @@ from api.ratelimit import rate_limit_middleware
 from api.runs import get_run, settle_run_now
 from api.services import Services
 from api.statements import get_statement
-from api.stripe_webhooks import stripe_webhook
+from api.stripe_webhooks import stripe_thin_webhook, stripe_webhook
 from api.support import SUPPORT_HANDLERS
 from metering.config import Settings, load_settings, require_strong_pepper
 from metering.heap import freeze_startup_heap
@@ -56,6 +56,7 @@ def create_app(
             settle_run_now,
             get_statement,
             stripe_webhook,
+            stripe_thin_webhook,
             healthz,
             readyz,
             metrics,

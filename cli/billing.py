@@ -52,11 +52,14 @@ def dead(tenant: str | None, retry_ids: tuple[int, ...], retry_all: bool) -> Non
     """List dead-lettered outbox rows, or send them back to pending."""
     from metering.billing import outbox
 
-    engine = create_db_engine(load_settings())
+    settings = load_settings()
+    engine = create_db_engine(settings)
     with raw_transaction(engine) as conn:
         if retry_ids or retry_all:
-            count = outbox.retry_dead(conn, tenant, list(retry_ids))
-            click.echo(f"{count} row(s) back to pending")
+            count = outbox.retry_dead(
+                conn, tenant, list(retry_ids), settings.stripe_meter_unit_micros
+            )
+            click.echo(f"{count} row(s) back to pending, to be planned again")
             return
         rows = outbox.list_dead(conn, tenant)
     for row in rows:

@@ -135,13 +135,15 @@ def start_stripe_emulator(
 ) -> Settings:
     """Run the project's Stripe emulator as a supervised child; settings that point at it.
 
-    It signs the webhooks it delivers to the API (``POST /_emulator/webhooks``) with a secret
-    generated here (or the one in FAIRMETER_STRIPE_WEBHOOK_SECRET), which the API checks them
-    with; the secret is handed over through its control API, not a command line anyone on the
-    machine could read.
+    Like Stripe, it has two event destinations into the API, each with its own secret:
+    snapshot events (invoices, credit notes) to ``/webhooks/stripe`` and thin events (meter
+    error reports) to ``/webhooks/stripe/thin``. The secrets are generated here (or taken from
+    FAIRMETER_STRIPE_WEBHOOK_SECRET / FAIRMETER_STRIPE_THIN_WEBHOOK_SECRET) and handed over
+    through its control API, not a command line anyone on the machine could read.
     """
     port = free_port()
     secret = settings.stripe_webhook_secret or f"whsec_{secrets.token_hex(24)}"
+    thin_secret = settings.stripe_thin_webhook_secret or f"whsec_{secrets.token_hex(24)}"
     argv = [
         *(sys.executable, "-m", "devtools.stripe_emulator.cli"),
         *("--host", "127.0.0.1", "--port", str(port)),
@@ -156,8 +158,19 @@ def start_stripe_emulator(
     from devtools.stripe_emulator.control_client import EmulatorControl
 
     url = f"http://127.0.0.1:{port}"
-    EmulatorControl(url).settings(webhook_url=f"{api_base}/webhooks/stripe", webhook_secret=secret)
-    return settings.model_copy(update={"stripe_api_base": url, "stripe_webhook_secret": secret})
+    control = EmulatorControl(url)
+    control.settings(webhook_url=f"{api_base}/webhooks/stripe", webhook_secret=secret)
+    control.add_destination(url=f"{api_base}/webhooks/stripe", secret=secret, style="snapshot")
+    control.add_destination(
+        url=f"{api_base}/webhooks/stripe/thin", secret=thin_secret, style="thin"
+    )
+    return settings.model_copy(
+        update={
+            "stripe_api_base": url,
+            "stripe_webhook_secret": secret,
+            "stripe_thin_webhook_secret": thin_secret,
+        }
+    )
 
 
 def resolve_stripe(

@@ -125,6 +125,8 @@ def child_env(settings: Settings) -> dict[str, str]:
         env["FAIRMETER_STRIPE_API_BASE"] = settings.stripe_api_base
     if settings.stripe_webhook_secret:
         env["FAIRMETER_STRIPE_WEBHOOK_SECRET"] = settings.stripe_webhook_secret
+    if settings.stripe_thin_webhook_secret:
+        env["FAIRMETER_STRIPE_THIN_WEBHOOK_SECRET"] = settings.stripe_thin_webhook_secret
     return env
 
 

@@ -7,6 +7,7 @@ CLI each call :func:`load_settings` once and hand the result to the use cases.
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Literal
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -64,6 +65,31 @@ class Settings(BaseSettings):
     # Retries of one call inside a push round before the row waits for next_attempt_at.
     stripe_quick_retries: int = 2
     stripe_drift_interval_s: float = 3600.0
+    # The API version every request sends (Stripe-Version), pinned here and nowhere else: the
+    # SDK's own version, so typed responses match; configure the event destinations with it.
+    stripe_api_version: str = "2026-10-28.endive"
+    # Thin events (v2, e.g. v1.billing.meter.error_report_triggered) come from their own
+    # event destination with its own signing secret, to POST /webhooks/stripe/thin.
+    stripe_thin_webhook_secret: str | None = None
+    # A period stays open until its invoice is finalized: Stripe's default finalization
+    # grace is one hour after the period ends; a period counts as closed this margin before.
+    stripe_finalization_grace_s: int = 3600
+    stripe_period_close_margin_s: int = 600
+    # Stripe keeps an idempotency key (and a meter event identifier) for at least 24 h; a row
+    # still retrying this long after its first call is reconciled against Stripe's summaries
+    # before it is resent under new keys, never retried blindly past the window.
+    stripe_idempotency_window_s: int = 24 * 3600
+    stripe_idempotency_margin_s: int = 3600
+    # Meter event summaries are eventually consistent: trust them only for calls older than
+    # this.
+    stripe_summary_lag_s: float = 300.0
+    # Client-side rate limits, per process, at Stripe's documented rates: 100 operations/s
+    # in live mode (25 in a sandbox: set it so), and 1000 meter events/s.
+    stripe_rate_limit_per_s: float = 100.0
+    stripe_meter_event_rate_limit_per_s: float = 1000.0
+    # A credit note's part above what the invoice still owes (it was paid): "refund" to the
+    # payment method, or "credit" to the customer's balance in the invoice's currency.
+    stripe_credit_note_after_payment: Literal["refund", "credit"] = "refund"
 
     # Secrets. The pepper turns a stolen key table into useless HMACs. Served processes
     # refuse to start with the default, a placeholder or a short one (pepper_weakness).

@@ -8,6 +8,7 @@ from types import FrameType
 
 import click
 
+from devtools.stripe_emulator import destinations
 from devtools.stripe_emulator.server import EmulatorServer
 
 
@@ -16,15 +17,30 @@ from devtools.stripe_emulator.server import EmulatorServer
 @click.option("--port", default=12111, type=int, show_default=True)
 @click.option("--webhook-url", default=None, help="Where POST /_emulator/webhooks delivers.")
 @click.option("--webhook-secret", default=None, help="The endpoint's signing secret (whsec_...).")
+@click.option(
+    "--destination",
+    "destination_specs",
+    multiple=True,
+    metavar="STYLE SECRET URL",
+    type=(click.Choice(["snapshot", "thin"]), str, str),
+    help="An event destination for generated events (repeatable).",
+)
 def stripe_emulator(
-    host: str, port: int, webhook_url: str | None, webhook_secret: str | None
+    host: str,
+    port: int,
+    webhook_url: str | None,
+    webhook_secret: str | None,
+    destination_specs: tuple[tuple[str, str, str], ...],
 ) -> None:
-    """Serve an in-memory Stripe (meters, meter events, customers, webhooks) for local runs."""
+    """Serve an in-memory Stripe (meters, meter events, customers, invoices, credit notes,
+    webhooks) for local runs."""
     try:
         server = EmulatorServer(host, port)
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc}") from exc
     server.state.settings.update({"webhook_url": webhook_url, "webhook_secret": webhook_secret})
+    for style, secret, url in destination_specs:
+        destinations.add_destination(server.state, {"style": style, "secret": secret, "url": url})
 
     def _stop(signum: int, frame: FrameType | None) -> None:
         server.request_stop()

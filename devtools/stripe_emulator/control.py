@@ -9,6 +9,10 @@
 - ``DELETE /_emulator/faults``: no more faults.
 - ``POST /_emulator/settings``: change ``EmulatorSettings`` fields.
 - ``POST /_emulator/reset``: forget everything (objects, keys, faults, settings, clock).
+- Billing: ``POST /subscriptions``, ``POST /invoicing/run``, ``POST /invoices/{id}/pay``,
+  ``POST|GET|DELETE /destinations``, ``POST /deliveries/flush``, ``POST /validation/report``
+  (``control_billing``; README.md documents them). Every non-GET call ends by delivering the
+  queued events when ``auto_deliver`` is on.
 - ``POST /_emulator/webhooks``: deliver one signed event, ``times`` times. Body: ``url`` and
   ``secret`` (default: the settings' webhook_url / webhook_secret), ``signed_at`` (optional),
   and either ``event`` (a full event object) or ``type`` = ``invoice.finalized`` (with
@@ -21,7 +25,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from devtools.stripe_emulator import webhooks
+from devtools.stripe_emulator import control_billing, destinations, errors, webhooks
 from devtools.stripe_emulator.pipeline import Emulator, Reply, json_reply
 from devtools.stripe_emulator.state import new_id
 
@@ -37,11 +41,19 @@ class ControlError(Exception):
 def handle_control(emulator: Emulator, method: str, path: str, body: str) -> Reply:
     try:
         data = _json_object(body) if method == "POST" else {}
-        return json_reply(200, _dispatch(emulator, method, path[len(PREFIX) :], data))
+        answer = _dispatch(emulator, method, path[len(PREFIX) :], data)
+        if method != "GET" and emulator.state.settings.auto_deliver:
+            # Deliver what the call made due, here and not inside a Stripe API request.
+            destinations.flush(emulator.state)
+        return json_reply(200, answer)
     except ControlError as exc:
         return json_reply(exc.status, {"error": {"message": str(exc)}})
+    except errors.StripeError as exc:
+        return json_reply(exc.status, {"error": {"message": exc.message}})
     except (ValueError, TypeError, KeyError) as exc:
         return json_reply(400, {"error": {"message": f"{type(exc).__name__}: {exc}"}})
+    except LookupError as exc:
+        return json_reply(404, {"error": {"message": str(exc)}})
 
 
 def _dispatch(emulator: Emulator, method: str, route: str, data: dict[str, Any]) -> Any:
@@ -70,6 +82,9 @@ def _dispatch(emulator: Emulator, method: str, route: str, data: dict[str, Any])
         return {"ok": True}
     if (method, route) == ("POST", "/webhooks"):
         return _deliver(emulator, data)
+    answer = control_billing.dispatch(state, method, route, data)
+    if answer is not None:
+        return answer
     raise ControlError(404, f"no control endpoint {method} {PREFIX}{route}")
 
 
@@ -81,7 +96,8 @@ def _move_clock(emulator: Emulator, data: dict[str, Any]) -> dict[str, Any]:
         clock.advance(float(data["advance_s"]))
     else:
         raise ControlError(400, "give 'now' (unix seconds) or 'advance_s'")
-    return clock.describe()
+    # Moving time makes invoices and error reports due; they are delivered after the call.
+    return {**clock.describe(), "due": control_billing.run_due(emulator.state)}
 
 
 def _deliver(emulator: Emulator, data: dict[str, Any]) -> dict[str, Any]:

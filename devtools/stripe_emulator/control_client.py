@@ -40,6 +40,38 @@ class EmulatorControl:
         """Deliver a signed event; see ``devtools.stripe_emulator.control`` for the fields."""
         return self._call("POST", "/webhooks", request)
 
+    def subscribe(self, customer: str, **options: Any) -> dict[str, Any]:
+        """Bill ``customer``: ``currency``, ``unit_amount`` (minor units), ``meters``, ``start``."""
+        return self._call("POST", "/subscriptions", {"customer": customer, **options})
+
+    def run_invoicing(self) -> dict[str, Any]:
+        """Create, finalize and pay what is due now; issue due error reports; deliver."""
+        return self._call("POST", "/invoicing/run")
+
+    def pay_invoice(self, invoice_id: str) -> dict[str, Any]:
+        return self._call("POST", f"/invoices/{invoice_id}/pay")
+
+    def add_destination(
+        self, *, url: str, secret: str, style: str, **options: Any
+    ) -> dict[str, Any]:
+        """An event destination: ``style`` is ``"snapshot"`` (v1 events) or ``"thin"`` (v2)."""
+        return self._call(
+            "POST", "/destinations", {"url": url, "secret": secret, "style": style, **options}
+        )
+
+    def destinations(self) -> dict[str, Any]:
+        return self._call("GET", "/destinations")
+
+    def clear_destinations(self) -> dict[str, Any]:
+        return self._call("DELETE", "/destinations")
+
+    def flush_deliveries(self) -> dict[str, Any]:
+        return self._call("POST", "/deliveries/flush")
+
+    def issue_error_reports(self) -> dict[str, Any]:
+        """Report every pending asynchronous validation error now."""
+        return self._call("POST", "/validation/report")
+
     def _call(self, method: str, route: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(  # noqa: S310 - the emulator's own URL

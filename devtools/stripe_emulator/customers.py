@@ -69,6 +69,8 @@ def render_customer(customer: Customer) -> dict[str, Any]:
         "delinquent": False,
         "description": customer.description,
         "email": customer.email,
+        # Stripe's sign here is the opposite of ``balance``: positive is a credit.
+        "invoice_credit_balance": {cur: -value for cur, value in customer.balances.items()},
         "invoice_prefix": customer.id[-8:].upper(),
         "livemode": False,
         "metadata": dict(customer.metadata),
@@ -79,7 +81,12 @@ def render_customer(customer: Customer) -> dict[str, Any]:
 def create_balance_transaction(
     state: EmulatorState, customer_id: str, params: Params
 ) -> dict[str, Any]:
-    """An immutable adjustment; a negative amount is a credit the next invoice consumes."""
+    """An immutable adjustment of the balance in ``currency``; negative is a credit.
+
+    Stripe keeps one balance per currency: a credit in one currency is applied only to the
+    next invoice in that currency. The first currency used becomes the customer's default,
+    which ``balance`` reports; ``invoice_credit_balance`` lists them all.
+    """
     check_known(params, {"amount", "currency", "description", "metadata"})
     amount = required_int(params, "amount")
     currency = required_str(params, "currency").lower()
@@ -87,27 +94,52 @@ def create_balance_transaction(
         raise invalid_request(f"Invalid currency: {currency}", param="currency")
     with state.lock:
         customer = _find(state, customer_id)
-        if customer.currency not in (None, currency):
-            raise invalid_request(
-                f"The customer's currency is {customer.currency}; this transaction is in "
-                f"{currency}.",
-                param="currency",
-                stored=True,
-            )
-        customer.currency = currency
-        customer.balance += amount
-        txn = BalanceTransaction(
-            id=new_id("cbtxn"),
-            customer=customer.id,
-            amount=amount,
-            currency=currency,
-            created=state.clock.now(),
-            ending_balance=customer.balance,
+        txn = move_balance(
+            state,
+            customer,
+            currency,
+            amount,
             description=optional_str(params, "description"),
             metadata=string_map(params, "metadata"),
         )
-        state.balance_transactions[customer.id].append(txn)
         return render_balance_transaction(txn)
+
+
+def move_balance(
+    state: EmulatorState,
+    customer: Customer,
+    currency: str,
+    amount: int,
+    *,
+    kind: str = "adjustment",
+    invoice: str | None = None,
+    credit_note: str | None = None,
+    description: str | None = None,
+    metadata: dict[str, str] | None = None,
+    created: int | None = None,
+) -> BalanceTransaction:
+    """Record one balance transaction and move that currency's balance (lock held)."""
+    if customer.currency is None:
+        customer.currency = currency
+    ending = customer.balances.get(currency, 0) + amount
+    customer.balances[currency] = ending
+    if currency == customer.currency:
+        customer.balance = ending
+    txn = BalanceTransaction(
+        id=new_id("cbtxn"),
+        customer=customer.id,
+        amount=amount,
+        currency=currency,
+        created=state.clock.now() if created is None else created,
+        ending_balance=ending,
+        description=description,
+        metadata=metadata or {},
+        type=kind,
+        invoice=invoice,
+        credit_note=credit_note,
+    )
+    state.balance_transactions[customer.id].append(txn)
+    return txn
 
 
 def list_balance_transactions(
@@ -123,14 +155,13 @@ def list_balance_transactions(
 
 def render_balance_transaction(txn: BalanceTransaction) -> dict[str, Any]:
     row = asdict(txn)
-    row.update(
-        object="customer_balance_transaction",
-        credit_note=None,
-        invoice=None,
-        livemode=False,
-        type="adjustment",
-    )
+    row.update(object="customer_balance_transaction", livemode=False)
     return row
+
+
+def find_customer(state: EmulatorState, customer_id: str) -> Customer:
+    """The customer, or Stripe's 404 ``resource_missing`` (lock held)."""
+    return _find(state, customer_id)
 
 
 def _find(state: EmulatorState, customer_id: str) -> Customer:

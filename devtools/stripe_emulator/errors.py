@@ -149,6 +149,14 @@ def api_error() -> StripeError:
     return StripeError(500, "api_error", API_ERROR_MESSAGE)
 
 
+def stored_api_error() -> StripeError:
+    """A 500 that an idempotency key keeps and replays; the SDK is told not to retry it,
+    as Stripe does ("our idempotency framework would typically replay it anyway")."""
+    return StripeError(
+        500, "api_error", API_ERROR_MESSAGE, stored=True, headers={"Stripe-Should-Retry": "false"}
+    )
+
+
 def idempotency_params(key: str) -> StripeError:
     return StripeError(400, "idempotency_error", IDEMPOTENCY_PARAMS_MESSAGE.format(key=key))
 

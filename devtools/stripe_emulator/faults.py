@@ -8,6 +8,10 @@ Kinds:
   connection without a response.
 - ``slow``: process, then hold the request (and its per-customer meter slot) ``slow_s``
   before answering — makes overlaps deterministic.
+- ``stored_500``: process nothing, but keep a 500 ``api_error`` as the idempotency key's first
+  response; every retry with the key replays that 500 until the key lapses (Stripe saves the
+  first response of a key, "including 500 errors").
+- ``stored_500_after_commit``: process and commit, then answer (and keep) a 500 the same way.
 - ``none``: a placeholder in a queue, so ``["none", "500"]`` faults the second request.
 """
 
@@ -18,7 +22,16 @@ import threading
 from collections import deque
 from typing import Any
 
-KINDS = ("429", "500", "timeout", "drop_after_commit", "slow", "none")
+KINDS = (
+    "429",
+    "500",
+    "timeout",
+    "drop_after_commit",
+    "slow",
+    "stored_500",
+    "stored_500_after_commit",
+    "none",
+)
 BEFORE_PROCESSING = frozenset({"429", "500", "timeout"})
 
 

@@ -1,10 +1,10 @@
 """Meter events and their cancellation (``/v1/billing/meter_event{s,_adjustments}``).
 
-Checked synchronously, as the brief of the emulator asks: the event name names a meter, the
-identifier is ≤ 100 characters and unused within the identifier window, the value is a whole
-number (negative only when allowed), the timestamp is at most 35 days old and 5 minutes ahead.
-An unknown customer is accepted and flagged, the way Stripe validates it asynchronously and
-reports it later in a meter error report.
+In sync mode (the default) checked at once: the event name names an active meter, the value is
+a whole number (negative only when allowed), the timestamp is at most 35 days old and 5
+minutes ahead; an unknown customer is accepted and flagged. In async mode (``validation_mode``)
+all of those are accepted with 200 and flagged for a later error report (``validation``).
+In both, the identifier is ≤ 100 characters and unused within the identifier window.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from devtools.stripe_emulator import invoicing, validation
 from devtools.stripe_emulator.errors import invalid_request, missing_param
 from devtools.stripe_emulator.forms import Params
 from devtools.stripe_emulator.params import (
@@ -23,9 +24,9 @@ from devtools.stripe_emulator.params import (
     string_map,
 )
 from devtools.stripe_emulator.state import EmulatorState, LockKey, Meter, MeterEvent
+from devtools.stripe_emulator.validation import CUSTOMER_NOT_FOUND
 
 MAX_IDENTIFIER = 100
-CUSTOMER_NOT_FOUND = "meter_event_customer_not_found"
 
 
 def lock_key(state: EmulatorState, params: Params) -> LockKey | None:
@@ -54,25 +55,26 @@ def create_meter_event(
         )
     timestamp = optional_int(params, "timestamp")
     with state.lock:
-        meter = _meter_named(state, event_name)
-        customer, value = _customer_and_value(state, meter, payload)
         now = state.clock.now()
         timestamp = now if timestamp is None else timestamp
-        _check_timestamp(state, timestamp, now)
+        meter, customer, value, error = _validate(state, event_name, payload, timestamp, now)
         _check_identifier(state, identifier, now)
         event = MeterEvent(
             identifier=identifier,
             event_name=event_name,
-            meter=meter.id,
+            meter=meter.id if meter else "",
             customer=customer,
             value=value,
             timestamp=timestamp,
             received_at=now,
             payload=payload,
             idempotency_key=idempotency_key,
-            error_code=None if customer in state.customers else CUSTOMER_NOT_FOUND,
+            error_code=error[0] if error else None,
+            error_message=error[1] if error else None,
         )
         state.add_meter_event(event)
+        if event.counts:
+            invoicing.note_usage(state, customer, timestamp)
     return render_meter_event(event)
 
 
@@ -121,6 +123,20 @@ def cancel_meter_event(state: EmulatorState, params: Params) -> dict[str, Any]:
         "status": "pending",
         "type": "cancel",
     }
+
+
+def _validate(
+    state: EmulatorState, event_name: str, payload: dict[str, str], timestamp: int, now: int
+) -> tuple[Meter | None, str, int, tuple[str, str] | None]:
+    """Sync mode refuses a bad event with 400; async mode accepts it and flags it."""
+    if state.settings.validation_mode == "async":
+        return validation.classify(state, event_name, payload, timestamp, now)
+    meter = _meter_named(state, event_name)
+    customer, value = _customer_and_value(state, meter, payload)
+    _check_timestamp(state, timestamp, now)
+    if customer in state.customers:
+        return meter, customer, value, None
+    return meter, customer, value, (CUSTOMER_NOT_FOUND, f"No customer found with ID '{customer}'.")
 
 
 def _meter_named(state: EmulatorState, event_name: str) -> Meter:

@@ -83,6 +83,15 @@ def list_meters(state: EmulatorState, params: Params) -> dict[str, Any]:
     return paginate(rows, params, "/v1/billing/meters")
 
 
+def set_meter_status(state: EmulatorState, meter_id: str, *, active: bool) -> dict[str, Any]:
+    """``POST /v1/billing/meters/{id}/deactivate`` and ``/reactivate``."""
+    with state.lock:
+        meter = find_meter(state, meter_id)
+        meter.status = "active" if active else "inactive"
+        meter.deactivated_at = None if active else state.clock.now()
+        return render_meter(meter)
+
+
 def find_meter(state: EmulatorState, meter_id: str) -> Meter:
     with state.lock:
         meter = state.meters.get(meter_id)
@@ -103,7 +112,7 @@ def render_meter(meter: Meter) -> dict[str, Any]:
         "event_time_window": None,
         "livemode": False,
         "status": meter.status,
-        "status_transitions": {"deactivated_at": None},
+        "status_transitions": {"deactivated_at": meter.deactivated_at},
         "updated": meter.created,
         "value_settings": {"event_payload_key": meter.value_key},
     }
@@ -112,7 +121,8 @@ def render_meter(meter: Meter) -> dict[str, Any]:
 def list_event_summaries(state: EmulatorState, meter_id: str, params: Params) -> dict[str, Any]:
     """Aggregates by the events' ``timestamp`` over [start_time, end_time), per window.
 
-    Only windows holding at least one counted event are returned, oldest first.
+    Only windows holding at least one counted event are returned, oldest first. An event (or
+    its cancellation) shows only ``summary_lag_s`` after Stripe received it.
     """
     check_known(
         params,
@@ -133,9 +143,11 @@ def list_event_summaries(state: EmulatorState, meter_id: str, params: Params) ->
     step = _window_step(window, start, end)
     with state.lock:
         series = list(state.events_by_series.get((meter.id, customer), ()))
+        # Stripe aggregates asynchronously: summaries are eventually consistent.
+        seen_at = state.clock.now() - state.settings.summary_lag_s
     buckets: dict[int, list[MeterEvent]] = {}
     for event in series:
-        if event.counts and start <= event.timestamp < end:
+        if event.counts_at(seen_at) and start <= event.timestamp < end:
             bucket = start + (event.timestamp - start) // step * step
             buckets.setdefault(bucket, []).append(event)
     rows = [
@@ -170,7 +182,7 @@ def _summary(
     return {
         "id": f"mtrusm_{digest}",
         "object": "billing.meter_event_summary",
-        "aggregated_value": _aggregate(meter.formula, events),
+        "aggregated_value": aggregate(meter.formula, events),
         "end_time": end,
         "livemode": False,
         "meter": meter.id,
@@ -178,7 +190,10 @@ def _summary(
     }
 
 
-def _aggregate(formula: str, events: list[MeterEvent]) -> int:
+def aggregate(formula: str, events: list[MeterEvent]) -> int:
+    """The meter's formula over ``events`` (all counted); 0 for none."""
+    if not events:
+        return 0
     if formula == "count":
         return len(events)
     if formula == "last":

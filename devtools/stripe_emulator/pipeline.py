@@ -17,6 +17,7 @@ from typing import Any
 from devtools.stripe_emulator import errors, faults, routes
 from devtools.stripe_emulator.forms import parse_form
 from devtools.stripe_emulator.idempotency import IdempotencyStore, StoredResponse
+from devtools.stripe_emulator.rate_limit import RateLimiter
 from devtools.stripe_emulator.state import EmulatorState
 from devtools.stripe_emulator.webhooks import API_VERSION
 
@@ -48,12 +49,14 @@ class Emulator:
         self.state = state or EmulatorState()
         self.idempotency = IdempotencyStore()
         self.faults = faults.FaultPlan()
+        self.limiter = RateLimiter()
         self.stopping = threading.Event()
 
     def reset(self) -> None:
         self.state.reset()
         self.idempotency.clear()
         self.faults.clear()
+        self.limiter.clear()
 
     def handle_api(
         self, method: str, path: str, query: str, headers: dict[str, str], body: str
@@ -63,6 +66,7 @@ class Emulator:
         base = {"Request-Id": state.next_request_id(), "Stripe-Version": API_VERSION}
         try:
             _authenticate(headers.get("authorization"))
+            self.limiter.admit(method, path, state.settings)
             found = routes.match(method, path)
             if found is None:
                 raise errors.unrecognized_url(method, path)
@@ -127,7 +131,7 @@ class Emulator:
             state.count("lock_timeouts")
             raise errors.lock_timeout()
         try:
-            reply = self._run_handler(route, call, base)
+            reply = self._run_handler(route, call, base, fault)
             if fault == "slow":
                 self.stopping.wait(state.settings.slow_s)
             return reply
@@ -135,16 +139,16 @@ class Emulator:
             if slot is not None:
                 state.leave(slot)
 
-    def _run_handler(self, route: routes.Route, call: routes.Call, base: dict[str, str]) -> Reply:
-        try:
-            reply = json_reply(200, route.handler(call), base)
-        except errors.StripeError as exc:
-            if not exc.stored:
-                raise
-            reply = _error_reply(exc, base)
-        except Exception:
-            log.exception("stripe emulator handler failed")
-            raise errors.api_error() from None
+    def _run_handler(
+        self, route: routes.Route, call: routes.Call, base: dict[str, str], fault: str | None
+    ) -> Reply:
+        if fault == "stored_500":
+            # Execution began and failed before changing anything; Stripe keeps the 500.
+            reply = _error_reply(errors.stored_api_error(), base)
+        else:
+            reply = self._call_handler(route, call, base)
+        if fault == "stored_500_after_commit":
+            reply = _error_reply(errors.stored_api_error(), base)
         if call.idempotency_key:
             stored = StoredResponse(
                 reply.status, reply.body, dict(reply.headers), base["Request-Id"]
@@ -153,6 +157,17 @@ class Emulator:
             window = self.state.settings.idempotency_window_s
             self.idempotency.finish(call.idempotency_key, stored, now, window)
         return reply
+
+    def _call_handler(self, route: routes.Route, call: routes.Call, base: dict[str, str]) -> Reply:
+        try:
+            return json_reply(200, route.handler(call), base)
+        except errors.StripeError as exc:
+            if not exc.stored:
+                raise
+            return _error_reply(exc, base)
+        except Exception:
+            log.exception("stripe emulator handler failed")
+            raise errors.api_error() from None
 
 
 def _after(fault: str | None, reply: Reply) -> Reply:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from devtools.stripe_emulator import customers, meter_events, meters
+from devtools.stripe_emulator import credit_notes, customers, invoicing, meter_events, meters
 from devtools.stripe_emulator.errors import resource_missing
 from devtools.stripe_emulator.forms import Params
 from devtools.stripe_emulator.state import EmulatorState, LockKey
@@ -41,14 +41,6 @@ def _stored_event(call: Call) -> dict[str, Any]:
     if event is None:
         raise resource_missing("event", call.args[0])
     return event
-
-
-def _stored_invoice(call: Call) -> dict[str, Any]:
-    with call.state.lock:
-        invoice = call.state.invoices.get(call.args[0])
-    if invoice is None:
-        raise resource_missing("invoice", call.args[0])
-    return invoice
 
 
 _ID = r"([A-Za-z0-9_\-.:]+)"
@@ -103,7 +95,42 @@ ROUTES = [
     ),
     Route("GET", re.compile(rf"/v1/events/{_ID}"), _stored_event),
     Route("GET", re.compile(rf"/v2/core/events/{_ID}"), _stored_event),
-    Route("GET", re.compile(rf"/v1/invoices/{_ID}"), _stored_invoice),
+    Route(
+        "POST",
+        re.compile(rf"/v1/billing/meters/{_ID}/deactivate"),
+        lambda c: meters.set_meter_status(c.state, c.args[0], active=False),
+    ),
+    Route(
+        "POST",
+        re.compile(rf"/v1/billing/meters/{_ID}/reactivate"),
+        lambda c: meters.set_meter_status(c.state, c.args[0], active=True),
+    ),
+    Route("GET", re.compile(r"/v1/invoices"), lambda c: invoicing.list_invoices(c.state, c.params)),
+    Route(
+        "GET",
+        re.compile(rf"/v1/invoices/{_ID}"),
+        lambda c: invoicing.retrieve_invoice(c.state, c.args[0]),
+    ),
+    Route(
+        "POST",
+        re.compile(rf"/v1/invoices/{_ID}/pay"),
+        lambda c: invoicing.pay_invoice(c.state, c.args[0], c.params),
+    ),
+    Route(
+        "POST",
+        re.compile(r"/v1/credit_notes"),
+        lambda c: credit_notes.create_credit_note(c.state, c.params),
+    ),
+    Route(
+        "GET",
+        re.compile(r"/v1/credit_notes"),
+        lambda c: credit_notes.list_credit_notes(c.state, c.params),
+    ),
+    Route(
+        "GET",
+        re.compile(rf"/v1/credit_notes/{_ID}"),
+        lambda c: credit_notes.retrieve_credit_note(c.state, c.args[0]),
+    ),
 ]
 
 

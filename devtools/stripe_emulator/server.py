@@ -20,6 +20,7 @@ from http import HTTPStatus
 from types import TracebackType
 from urllib.parse import unquote
 
+from devtools.stripe_emulator import destinations
 from devtools.stripe_emulator.control import PREFIX, handle_control
 from devtools.stripe_emulator.pipeline import Emulator, Reply
 from devtools.stripe_emulator.state import EmulatorState
@@ -28,6 +29,7 @@ MAX_LINE = 65536
 MAX_HEADERS = 100
 MAX_BODY = 10 * 1024 * 1024
 IDLE_TIMEOUT_S = 300.0
+DELIVER_EVERY_S = 0.1
 _REASONS = {status.value: status.phrase for status in HTTPStatus}
 
 
@@ -147,6 +149,7 @@ class EmulatorServer:
         self.emulator = Emulator(state)
         self._server = _Server((host, port), self.emulator)
         self._thread: threading.Thread | None = None
+        self._deliverer: threading.Thread | None = None
 
     @property
     def state(self) -> EmulatorState:
@@ -166,10 +169,26 @@ class EmulatorServer:
             daemon=True,
         )
         self._thread.start()
+        self._start_deliverer()
         return self.url
+
+    def _start_deliverer(self) -> None:
+        """Deliver events queued by API requests (credit notes, lazily made invoices) soon
+        after, from their own thread, as Stripe delivers asynchronously."""
+        emulator = self.emulator
+
+        def deliver_queued() -> None:
+            while not emulator.stopping.wait(DELIVER_EVERY_S):
+                state = emulator.state
+                if state.settings.auto_deliver and state.book.outbox:
+                    destinations.flush(state)
+
+        self._deliverer = threading.Thread(target=deliver_queued, name="emulator-deliverer")
+        self._deliverer.start()
 
     def serve_forever(self) -> None:
         """Serve in the calling thread until ``stop()`` (from a signal handler) or Ctrl-C."""
+        self._start_deliverer()
         try:
             self._server.serve_forever(poll_interval=0.2)
         finally:
@@ -192,6 +211,9 @@ class EmulatorServer:
         self.emulator.stopping.set()
         self._server.hang_up_all()
         self._server.server_close()
+        if self._deliverer is not None:
+            self._deliverer.join()
+            self._deliverer = None
 
     def __enter__(self) -> EmulatorServer:
         self.start()

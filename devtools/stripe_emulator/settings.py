@@ -27,6 +27,21 @@ class EmulatorSettings:
     slow_s: float = 1.0
     webhook_url: str | None = None
     webhook_secret: str | None = None
+    # Invoicing (see README.md): Stripe's default finalization grace is one hour.
+    finalization_grace_s: int = 3600
+    auto_pay_after_s: int | None = None
+    auto_subscribe: bool = True
+    default_currency: str = "usd"
+    unit_amount_minor: int = 1
+    # "sync": refuse bad meter events with 400; "async": 200 now, an error report later.
+    validation_mode: str = "sync"
+    error_report_delay_s: int = 60
+    error_report_sample_cap: int = 5
+    summary_lag_s: int = 0
+    # Requests per wall-clock second; None: unlimited (Stripe live mode: 100, sandbox: 25).
+    rate_limit_per_s: int | None = None
+    meter_event_rate_limit_per_s: int | None = None
+    auto_deliver: bool = True
 
     def update(self, changes: dict[str, Any]) -> None:
         """Apply known keys; raise ValueError naming any unknown key or wrong type."""
@@ -47,14 +62,25 @@ class EmulatorSettings:
         return data
 
 
-_OPTIONAL = {"identifier_window_s", "webhook_url", "webhook_secret"}
+_OPTIONAL = {
+    "identifier_window_s",
+    "webhook_url",
+    "webhook_secret",
+    "auto_pay_after_s",
+    "rate_limit_per_s",
+    "meter_event_rate_limit_per_s",
+}
+_BOOLS = {"lock_rule", "allow_negative_values", "auto_subscribe", "auto_deliver"}
+_CHOICES = {"validation_mode": {"sync", "async"}, "default_currency": {"usd", "eur", "gbp"}}
 
 
 def _type_fits(current: Any, value: Any, name: str) -> bool:
     if value is None:
         return name in _OPTIONAL
-    if isinstance(current, bool) or name in {"lock_rule", "allow_negative_values"}:
+    if isinstance(current, bool) or name in _BOOLS:
         return isinstance(value, bool)
+    if name in _CHOICES:
+        return value in _CHOICES[name]
     if name in {"timeout_s", "slow_s"}:
         return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
     if name in {"webhook_url", "webhook_secret"}:

@@ -14,6 +14,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from devtools.stripe_emulator.billing_objects import Book
 from devtools.stripe_emulator.clock import Clock
 from devtools.stripe_emulator.settings import EmulatorSettings
 
@@ -34,6 +35,7 @@ class Meter:
     value_key: str
     created: int
     status: str = "active"
+    deactivated_at: int | None = None
 
 
 @dataclass
@@ -51,6 +53,8 @@ class MeterEvent:
     # Stripe validates some things asynchronously and reports them later through
     # v1.billing.meter.error_report_triggered; such events never reach summaries.
     error_code: str | None = None
+    error_message: str | None = None
+    reported_in: str | None = None  # the error report (event id) that named this event
 
     @property
     def cancelled(self) -> bool:
@@ -59,6 +63,12 @@ class MeterEvent:
     @property
     def counts(self) -> bool:
         return self.cancelled_at is None and self.error_code is None
+
+    def counts_at(self, instant: int) -> bool:
+        """Whether Stripe's aggregates held this event at ``instant`` (received, not cancelled)."""
+        if self.error_code is not None or self.received_at > instant:
+            return False
+        return self.cancelled_at is None or self.cancelled_at > instant
 
 
 @dataclass
@@ -71,6 +81,8 @@ class Customer:
     metadata: dict[str, str] = field(default_factory=dict)
     balance: int = 0
     currency: str | None = None
+    # Stripe keeps one balance per currency; ``balance`` mirrors the default currency's.
+    balances: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -83,6 +95,9 @@ class BalanceTransaction:
     ending_balance: int
     description: str | None = None
     metadata: dict[str, str] = field(default_factory=dict)
+    type: str = "adjustment"
+    invoice: str | None = None
+    credit_note: str | None = None
 
 
 class EmulatorState:
@@ -109,6 +124,8 @@ class EmulatorState:
         self.events: dict[str, dict[str, Any]] = {}  # delivered webhook events by id
         self.invoices: dict[str, dict[str, Any]] = {}
         self.deliveries: list[dict[str, Any]] = []
+        # Subscriptions, invoices, credit notes, destinations and the event outbox.
+        self.book = Book()
 
     def reset(self) -> None:
         """Forget all objects, counters and settings; the clock returns to wall time."""
@@ -162,6 +179,7 @@ class EmulatorState:
                 "in_flight": [list(key) for key in sorted(self.in_flight)],
                 "counters": dict(self.counters),
                 "webhook_deliveries": list(self.deliveries),
+                **self.book.snapshot(),
             }
 
 

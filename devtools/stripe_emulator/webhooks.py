@@ -106,7 +106,7 @@ def meter_error_report(
             "url": f"/v1/billing/meters/{meter_id}",
         },
     }
-    full = {**notification, "data": _report_data(errors, now), "changes": None, "context": None}
+    full = {**notification, "data": report_data(errors, now, now), "changes": None, "context": None}
     with state.lock:
         state.events[notification["id"]] = full
     if spec.get("inline_data"):
@@ -129,14 +129,15 @@ def deliver(
     for attempt in range(1, times + 1):
         header = signature_header(payload, secret, signed_at)
         outcome = {"event": event["id"], "type": event["type"], "url": url, "attempt": attempt}
-        outcome.update(_post(url, payload, header))
+        outcome.update(post_signed(url, payload, header))
         outcomes.append(outcome)
         with state.lock:
             state.deliveries.append(outcome)
     return outcomes
 
 
-def _post(url: str, payload: str, header: str) -> dict[str, Any]:
+def post_signed(url: str, payload: str, header: str) -> dict[str, Any]:
+    """POST one signed payload; the receiver's status and body, or the connection error."""
     request = urllib.request.Request(  # noqa: S310 - the URL is the operator's own endpoint
         url,
         data=payload.encode(),
@@ -177,7 +178,11 @@ def _flagged_errors(state: EmulatorState, meter_id: str | None) -> list[dict[str
     ]
 
 
-def _report_data(errors: list[dict[str, str]], now: str) -> dict[str, Any]:
+def report_data(
+    errors: list[dict[str, str]], start: str, end: str, sample_cap: int = 5
+) -> dict[str, Any]:
+    """The ``data`` of a meter error report: every error counted, at most ``sample_cap``
+    samples per code (each naming the request's idempotency key or identifier)."""
     by_code: dict[str, list[dict[str, str]]] = {}
     for error in errors:
         by_code.setdefault(error["code"], []).append(error)
@@ -190,7 +195,7 @@ def _report_data(errors: list[dict[str, str]], now: str) -> dict[str, Any]:
                     "error_message": item.get("message", code),
                     "request": {"identifier": item["identifier"]},
                 }
-                for item in items[:5]
+                for item in items[:sample_cap]
             ],
         }
         for code, items in by_code.items()
@@ -198,6 +203,6 @@ def _report_data(errors: list[dict[str, str]], now: str) -> dict[str, Any]:
     return {
         "developer_message_summary": f"{len(errors)} meter event(s) failed validation.",
         "reason": {"error_count": len(errors), "error_types": error_types},
-        "validation_end": now,
-        "validation_start": now,
+        "validation_end": end,
+        "validation_start": start,
     }

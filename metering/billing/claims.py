@@ -45,12 +45,13 @@ WITH busy AS MATERIALIZED (
     WHERE customer_rank <= %(customers)s
     ORDER BY id LIMIT %(limit)s
 )
-UPDATE stripe_outbox o SET claimed_until = %(until)s
+UPDATE stripe_outbox o SET claimed_until = %(until)s,
+    first_attempt_at = COALESCE(o.first_attempt_at, %(now)s)  -- retries stay inside Stripe's window
 FROM picked, customers c
 WHERE o.id = picked.id AND c.tenant_id = o.tenant_id AND c.id = o.customer_id
 RETURNING o.id, o.tenant_id, o.customer_id, c.stripe_customer_id, o.run_id,
           o.decision_version, o.target_billed_micros, o.period, o.event_timestamp,
-          o.plan, o.next_step, o.attempts
+          o.plan, o.next_step, o.attempts, o.generation, o.first_attempt_at
 """
 
 
@@ -94,6 +95,8 @@ def claim(
             plan=[Step.from_json(s) for s in r[9]] if r[9] is not None else None,
             next_step=r[10],
             attempts=r[11],
+            generation=r[12],
+            first_attempt_at=r[13],
         )
         for r in rows
     ]

@@ -40,7 +40,8 @@ def compare(ledger: Mapping[datetime, int], stripe: Mapping[datetime, int]) -> l
 def ledger_hourly(
     conn: psycopg.Connection[Any], tenant: str, customer: str, start: datetime, end: datetime
 ) -> dict[datetime, int]:
-    """Meter units we delivered, by the hour of the meter event's timestamp (cancels negative)."""
+    """Meter units we delivered, by the hour of the meter event's timestamp (cancels and
+    rejections Stripe reported negative)."""
     rows = conn.execute(
         """
         SELECT date_trunc('hour', ev.event_timestamp) AS hour,
@@ -48,9 +49,10 @@ def ledger_hourly(
         FROM stripe_deliveries d
         JOIN stripe_deliveries ev
           ON ev.kind = 'meter_event'
-         AND ev.identifier = CASE WHEN d.kind = 'meter_cancel' THEN d.cancels_identifier
-                                  ELSE d.identifier END
-        WHERE d.tenant_id = %s AND d.customer_id = %s AND d.kind IN ('meter_event', 'meter_cancel')
+         AND ev.identifier = CASE WHEN d.kind = 'meter_event' THEN d.identifier
+                                  ELSE d.cancels_identifier END
+        WHERE d.tenant_id = %s AND d.customer_id = %s
+          AND d.kind IN ('meter_event', 'meter_cancel', 'meter_rejected')
           AND (d.note IS NULL OR d.note NOT LIKE 'less than one%%')
           AND ev.event_timestamp >= %s AND ev.event_timestamp < %s
         GROUP BY 1

@@ -1,18 +1,22 @@
 """The Stripe gateway: the official SDK's StripeClient, with explicit retries and timeouts.
 
 Everything the rest of the code needs from Stripe goes through :class:`StripeGateway`, and
-every SDK error is classified once, here, into what the pusher should do about it.
+every SDK error is classified once, here, into what the pusher should do about it. The API
+version is pinned (``Settings.stripe_api_version``) and calls pass a client-side rate limit
+at Stripe's documented rates ("Rate limits").
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import ROUND_HALF_UP, Decimal
 from enum import Enum
 from typing import Any
 
 import stripe
 
+from metering.billing.ratelimit import RateLimiter, shared_limiter
 from metering.billing.transport import KeepAliveClient
 from metering.config import Settings
 
@@ -42,6 +46,28 @@ def classify(exc: Exception) -> Verdict:
     return Verdict.RETRY
 
 
+def replayed_server_error(exc: Exception) -> bool:
+    """A 5xx that Stripe replayed from its idempotency store ("Retries with the same key
+    return the saved response, including 500 errors"): retrying that key can never succeed,
+    and whether the first request took effect is unknown — only reconciling tells."""
+    if not isinstance(exc, stripe.StripeError):
+        return False
+    headers = {k.lower(): v for k, v in (exc.headers or {}).items()}
+    return (exc.http_status or 0) >= 500 and headers.get("idempotent-replayed") == "true"
+
+
+@dataclass(frozen=True, slots=True)
+class InvoiceView:
+    """A finalized invoice as a credit note needs it."""
+
+    id: str
+    status: str
+    currency: str
+    amount_remaining: int
+    line_id: str | None  # the metered line for our meter
+    unit_amount_minor: Decimal
+
+
 @dataclass(frozen=True, slots=True)
 class SummaryBucket:
     start: datetime
@@ -60,6 +86,7 @@ def build_client(settings: Settings) -> stripe.StripeClient:
     return stripe.StripeClient(
         settings.stripe_api_key or "sk_test_emulator",
         base_addresses=addresses or None,  # type: ignore[arg-type]
+        stripe_version=settings.stripe_api_version,
         max_network_retries=settings.stripe_max_network_retries,
         http_client=KeepAliveClient(
             connect_timeout_s=CONNECT_TIMEOUT_S, read_timeout_s=settings.stripe_timeout_s
@@ -74,14 +101,18 @@ def _utc(seconds: int) -> datetime:
 class StripeGateway:
     """Thin, typed calls. One instance per thread (the HTTP session is not shared)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, limiter: RateLimiter | None = None) -> None:
         self._client = build_client(settings)
         self._event_name = settings.stripe_meter_event_name
+        # Stripe counts per account; all threads of a process share these buckets.
+        self._limiter = limiter or shared_limiter(settings.stripe_rate_limit_per_s)
+        self._meter_limiter = shared_limiter(settings.stripe_meter_event_rate_limit_per_s)
 
     def send_meter_event(
         self, *, identifier: str, customer: str, value: int, timestamp: datetime, key: str
     ) -> datetime:
         """Returns when Stripe received the event (its ``created``)."""
+        self._meter_limiter.acquire()
         event = self._client.v1.billing.meter_events.create(
             params={
                 "event_name": self._event_name,
@@ -94,6 +125,7 @@ class StripeGateway:
         return _utc(int(event.created))
 
     def cancel_meter_event(self, *, identifier: str, key: str) -> None:
+        self._limiter.acquire()
         self._client.v1.billing.meter_event_adjustments.create(
             params={
                 "event_name": self._event_name,
@@ -103,28 +135,16 @@ class StripeGateway:
             options={"idempotency_key": key},
         )
 
-    def credit_balance(
-        self, *, customer: str, cents: int, description: str, metadata: dict[str, str], key: str
-    ) -> None:
-        self._client.v1.customers.balance_transactions.create(
-            customer,
-            params={
-                "amount": -cents,
-                "currency": "usd",
-                "description": description,
-                "metadata": metadata,
-            },
-            options={"idempotency_key": key},
-        )
-
     def fetch_event(self, event_id: str) -> dict[str, Any]:
         """The full payload of a thin event (its notification carries no data)."""
+        self._limiter.acquire()
         event = self._client.v2.core.events.retrieve(event_id)
         payload: dict[str, Any] = event.to_dict()
         return payload
 
     def meter_id(self, create: bool = False) -> str:
         """The id of the meter for our event name (created on demand when ``create``)."""
+        self._limiter.acquire()
         for meter in self._client.v1.billing.meters.list(params={"limit": 100}).auto_paging_iter():
             if meter.event_name == self._event_name:
                 return str(meter.id)
@@ -144,6 +164,7 @@ class StripeGateway:
     def hourly_summaries(
         self, *, meter_id: str, customer: str, start: datetime, end: datetime
     ) -> list[SummaryBucket]:
+        self._limiter.acquire()
         page: Any = self._client.v1.billing.meters.event_summaries.list(
             meter_id,
             params={
@@ -158,3 +179,91 @@ class StripeGateway:
             SummaryBucket(_utc(s.start_time), _utc(s.end_time), round(s.aggregated_value))
             for s in page.auto_paging_iter()
         ]
+
+    def invoice_for(self, customer: str, moment: datetime) -> InvoiceView | None:
+        """The customer's subscription invoice whose period holds ``moment``, if any."""
+        self._limiter.acquire()
+        page: Any = self._client.v1.invoices.list(params={"customer": customer, "limit": 100})
+        stamp = int(moment.timestamp())
+        for invoice in page.auto_paging_iter():
+            if int(invoice.period_start) <= stamp < int(invoice.period_end):
+                return self._view(invoice)
+        return None
+
+    def _view(self, invoice: Any) -> InvoiceView:
+        data: dict[str, Any] = invoice.to_dict()
+        meter = self.meter_id()
+        lines: list[dict[str, Any]] = (data.get("lines") or {}).get("data") or []
+        # The emulator names the meter on the line; Stripe links it through the price, and a
+        # Fairmeter subscription has one metered line.
+        ours = [ln for ln in lines if (ln.get("metadata") or {}).get("meter") == meter]
+        line = next(iter(ours or lines), None)
+        unit = Decimal(0)
+        if line is not None:
+            pricing = line.get("pricing") or {}
+            unit = Decimal(str(pricing.get("unit_amount_decimal") or 0))
+        return InvoiceView(
+            id=str(data["id"]),
+            status=str(data["status"]),
+            currency=str(data["currency"]),
+            amount_remaining=int(data["amount_remaining"]),
+            line_id=None if line is None else str(line["id"]),
+            unit_amount_minor=unit,
+        )
+
+    def find_credit_note(self, invoice_id: str, identifier: str) -> tuple[str, int] | None:
+        """(id, amount) of the credit note we issued as ``identifier`` on the invoice, if
+        any: how a retry learns that an earlier attempt took effect."""
+        self._limiter.acquire()
+        page: Any = self._client.v1.credit_notes.list(params={"invoice": invoice_id, "limit": 100})
+        for note in page.auto_paging_iter():
+            if (note.to_dict().get("metadata") or {}).get("fairmeter_identifier") == identifier:
+                return str(note.id), int(note.amount)
+        return None
+
+    def create_credit_note(
+        self,
+        *,
+        invoice: InvoiceView,
+        amount_minor: int,
+        after_payment: str,
+        identifier: str,
+        metadata: dict[str, str],
+        key: str,
+    ) -> str:
+        """A credit note on the invoice's metered line, in the invoice's currency. What the
+        invoice still owes is lowered first (pre-payment); the rest is refunded or credited
+        to the customer's balance in that currency ("Create a credit note")."""
+        post_payment = max(0, amount_minor - invoice.amount_remaining)
+        split = {"refund_amount" if after_payment == "refund" else "credit_amount": post_payment}
+        line: dict[str, Any] = {
+            "type": "custom_line_item",
+            "unit_amount": amount_minor,
+            "quantity": 1,
+            "description": "Fairmeter usage correction",
+        }
+        if invoice.line_id is not None:
+            line = {
+                "type": "invoice_line_item",
+                "invoice_line_item": invoice.line_id,
+                "amount": amount_minor,
+            }
+        self._limiter.acquire()
+        note = self._client.v1.credit_notes.create(
+            params={
+                "invoice": invoice.id,
+                "lines": [line],
+                "reason": "order_change",
+                "metadata": {**metadata, "fairmeter_identifier": identifier},
+                **{name: value for name, value in split.items() if value},  # type: ignore[typeddict-item]
+            },
+            # The split depends on what the invoice owed at this attempt: a different split
+            # is a different request (and find_credit_note guards against a second note).
+            options={"idempotency_key": f"{key}:{post_payment}"},
+        )
+        return str(note.id)
+
+
+def minor_amount(units: int, unit_amount_minor: Decimal) -> int:
+    """What ``units`` of the metered line cost in the invoice's minor currency unit."""
+    return int((unit_amount_minor * units).to_integral_value(rounding=ROUND_HALF_UP))

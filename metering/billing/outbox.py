@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
 import psycopg
 from psycopg.types.json import Jsonb
 
-from metering.billing.plan import Carry, Sent, Step
+from metering.billing.plan import BillingPeriods, Carry, Sent, Step, carry_effect
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,12 +77,14 @@ class OutboxItem:
     plan: list[Step] | None
     next_step: int
     attempts: int
+    generation: int = 0
+    first_attempt_at: datetime | None = None
 
 
 def load_sent(conn: psycopg.Connection[Any], run_id: int) -> list[Sent]:
     rows = conn.execute(
-        "SELECT kind, identifier, micros, units, stripe_received_at, cancels_identifier "
-        "FROM stripe_deliveries WHERE run_id = %s ORDER BY id",
+        "SELECT kind, identifier, micros, units, stripe_received_at, cancels_identifier, "
+        "event_timestamp FROM stripe_deliveries WHERE run_id = %s ORDER BY id",
         (run_id,),
     ).fetchall()
     return [Sent(*r) for r in rows]
@@ -158,6 +160,9 @@ class Delivery:
     received_at: datetime
     note: str | None
     last: bool  # the row's last step: the row is sent
+    invoice_id: str | None = None  # credit notes: the invoice, its currency, the amount
+    currency: str | None = None
+    amount_minor: int | None = None
 
 
 def record_deliveries(
@@ -190,25 +195,26 @@ def record_deliveries(
 
 
 def _insert_deliveries(conn: psycopg.Connection[Any], done: Sequence[Delivery]) -> None:
-    columns: list[list[Any]] = [[] for _ in range(13)]
+    columns: list[list[Any]] = [[] for _ in range(16)]
     for d in done:
         stamp = datetime.fromtimestamp(d.step.timestamp, UTC) if d.step.timestamp else None
         item, step = d.item, d.step
         row: tuple[Any, ...] = (item.id, item.tenant_id, item.customer_id, item.run_id)
         row += (step.kind, step.identifier, step.cancels_identifier, step.micros, step.units)
-        row += (step.cents, stamp, d.received_at, d.note)
+        row += (step.cents, stamp, d.received_at, d.note, d.invoice_id, d.currency)
+        row += (d.amount_minor,)
         for column, value in zip(columns, row, strict=True):
             column.append(value)
     conn.execute(
         """
         INSERT INTO stripe_deliveries (outbox_id, tenant_id, customer_id, run_id, kind,
             identifier, cancels_identifier, micros, units, cents, event_timestamp,
-            stripe_received_at, note)
-        SELECT o, t, c, r, k, i, ci, m, un, ce, ts, ra, n
+            stripe_received_at, note, invoice_id, currency, amount_minor)
+        SELECT o, t, c, r, k, i, ci, m, un, ce, ts, ra, n, inv, cur, am
         FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::bigint[], %s::text[], %s::text[],
                     %s::text[], %s::bigint[], %s::bigint[], %s::bigint[], %s::timestamptz[],
-                    %s::timestamptz[], %s::text[])
-             WITH ORDINALITY AS u(o, t, c, r, k, i, ci, m, un, ce, ts, ra, n, ord)
+                    %s::timestamptz[], %s::text[], %s::text[], %s::text[], %s::bigint[])
+             WITH ORDINALITY AS u(o, t, c, r, k, i, ci, m, un, ce, ts, ra, n, inv, cur, am, ord)
         ORDER BY ord
         ON CONFLICT (kind, identifier) DO NOTHING
         """,
@@ -254,21 +260,6 @@ def mark_dead(conn: psycopg.Connection[Any], item: OutboxItem, error: str) -> No
     )
 
 
-def closed_periods(
-    conn: psycopg.Connection[Any], stripe_customer_ids: Sequence[str]
-) -> dict[str, list[tuple[datetime, datetime]]]:
-    """The invoice periods Stripe has finalized, ``(start, end)``, by Stripe customer."""
-    rows = conn.execute(
-        "SELECT stripe_customer_id, period_start, period_end FROM stripe_closed_periods "
-        "WHERE stripe_customer_id = ANY(%s)",
-        (sorted(set(stripe_customer_ids)),),
-    ).fetchall()
-    closed: dict[str, list[tuple[datetime, datetime]]] = {}
-    for customer, start, end in rows:
-        closed.setdefault(customer, []).append((start, end))
-    return closed
-
-
 def release_waiting(conn: psycopg.Connection[Any], tenant: str, customer: str) -> int:
     """A customer got its Stripe id: its waiting rows become due now."""
     result = conn.execute(
@@ -279,15 +270,76 @@ def release_waiting(conn: psycopg.Connection[Any], tenant: str, customer: str) -
     return result.rowcount
 
 
-def retry_dead(conn: psycopg.Connection[Any], tenant: str | None, ids: Sequence[int]) -> int:
-    """Dead rows go back to pending (after the cause was fixed)."""
-    result = conn.execute(
-        "UPDATE stripe_outbox SET status = 'pending', next_attempt_at = now(), attempts = 0 "
-        "WHERE status = 'dead' AND (%(all)s OR id = ANY(%(ids)s)) "
-        "AND (%(tenant)s::text IS NULL OR tenant_id = %(tenant)s)",
+def retry_dead(
+    conn: psycopg.Connection[Any], tenant: str | None, ids: Sequence[int], unit_micros: int
+) -> int:
+    """Dead rows go back to pending (after the cause was fixed), to be planned again from
+    what Stripe actually has: a dead row's remaining steps never took effect, so replaying
+    its old plan from ``next_step`` would resend nothing (or the wrong thing)."""
+    rows = conn.execute(
+        "SELECT id FROM stripe_outbox WHERE status = 'dead' AND (%(all)s OR id = ANY(%(ids)s)) "
+        "AND (%(tenant)s::text IS NULL OR tenant_id = %(tenant)s) ORDER BY id FOR UPDATE",
         {"all": not ids, "ids": list(ids), "tenant": tenant},
+    ).fetchall()
+    return replan(conn, [r[0] for r in rows], unit_micros)
+
+
+def replan(conn: psycopg.Connection[Any], ids: Sequence[int], unit_micros: int) -> int:
+    """Rows ``ids`` become pending and unplanned, under a new generation of keys and
+    identifiers; the carries their unsent steps had taken are given back."""
+    if not ids:
+        return 0
+    rows = conn.execute(
+        "SELECT tenant_id, customer_id, period, plan, next_step FROM stripe_outbox "
+        "WHERE id = ANY(%s) ORDER BY id FOR UPDATE",
+        (list(ids),),
+    ).fetchall()
+    for tenant, customer, period, steps, next_step in rows:
+        unsent = [Step.from_json(s) for s in (steps or [])[next_step:]]
+        effect = carry_effect(unsent, unit_micros)
+        if effect != Carry():
+            conn.execute(
+                "UPDATE stripe_carries SET meter_carry_micros = meter_carry_micros - %s, "
+                "credit_carry_micros = credit_carry_micros - %s "
+                "WHERE tenant_id = %s AND customer_id = %s AND period = %s",
+                (effect.meter_micros, effect.credit_micros, tenant, customer, period),
+            )
+    result = conn.execute(
+        "UPDATE stripe_outbox SET status = 'pending', next_attempt_at = now(), attempts = 0, "
+        "plan = NULL, next_step = 0, generation = generation + 1, first_attempt_at = NULL, "
+        "claimed_until = NULL, completed_at = NULL WHERE id = ANY(%s)",
+        (list(ids),),
     )
     return result.rowcount
+
+
+def billing_periods(
+    conn: psycopg.Connection[Any],
+    stripe_customer_ids: Sequence[str],
+    grace: timedelta,
+    margin: timedelta,
+) -> dict[str, BillingPeriods]:
+    """What the invoice webhooks told us, per Stripe customer, for the planner."""
+    rows = conn.execute(
+        "SELECT stripe_customer_id, status, period_start, period_end, finalizes_at "
+        "FROM stripe_invoices WHERE stripe_customer_id = ANY(%(c)s) "
+        "UNION ALL SELECT stripe_customer_id, 'open', period_start, period_end, NULL "
+        "FROM stripe_closed_periods WHERE stripe_customer_id = ANY(%(c)s)",
+        {"c": sorted(set(stripe_customer_ids))},
+    ).fetchall()
+    finalized: dict[str, list[tuple[datetime, datetime]]] = {}
+    drafts: dict[str, list[tuple[datetime, datetime, datetime]]] = {}
+    for customer, status, start, end, finalizes_at in rows:
+        if status == "draft" and finalizes_at is not None:
+            drafts.setdefault(customer, []).append((start, end, finalizes_at))
+        elif status != "draft":
+            finalized.setdefault(customer, []).append((start, end))
+    return {
+        customer: BillingPeriods(
+            tuple(finalized.get(customer, [])), tuple(drafts.get(customer, [])), grace, margin
+        )
+        for customer in set(stripe_customer_ids)
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,8 +373,8 @@ def load_sent_for_runs(
     conn: psycopg.Connection[Any], run_ids: Sequence[int]
 ) -> dict[int, list[Sent]]:
     rows = conn.execute(
-        "SELECT run_id, kind, identifier, micros, units, stripe_received_at, cancels_identifier "
-        "FROM stripe_deliveries WHERE run_id = ANY(%s) ORDER BY id",
+        "SELECT run_id, kind, identifier, micros, units, stripe_received_at, cancels_identifier, "
+        "event_timestamp FROM stripe_deliveries WHERE run_id = ANY(%s) ORDER BY id",
         (list(run_ids),),
     ).fetchall()
     sent: dict[int, list[Sent]] = {}

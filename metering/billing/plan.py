@@ -1,50 +1,64 @@
-"""Pure: which Stripe calls bring what Stripe bills for a run to its ledger billed amount.
+"""Pure: which Stripe calls bring what Stripe invoices for a run to its ledger billed amount.
 
 What Stripe has for a run is the list of deliveries that took effect (meter events,
-cancellations, balance credits). The plan for a decision version with billed amount ``T``:
+cancellations, rejections Stripe reported later, credit notes, and the balance credits of
+older versions). A period is *open* until its invoice is finalized: Stripe finalizes an
+invoice after the finalization grace period and then "updates it to reflect the latest
+quantity for its billing period"; later usage or cancellations dated in that period never
+change it ("Configure an invoice finalization grace period"). So the plan for a decision
+version with billed amount ``T``:
 
-* nothing sent yet → one meter event of ``T``;
-* every live meter event still cancellable (Stripe received it < 24 h ago) → cancel them all
-  and send one meter event of ``T`` plus what balance credits already gave back;
-* otherwise an increase → an extra meter event for the difference; a decrease → a customer
-  balance credit (whole cents, the sub-cent rest carried per customer), or, when negative
-  meter values are enabled and the period's invoice is still open, a negative meter event.
+* a run's meter events that are still cancellable (Stripe received them < 24 h ago, "Meter
+  event adjustments") **and** dated in an open period are *movable*: they are cancelled and
+  one meter event carries what the run should have there (cancel-and-resend);
+* otherwise an increase is an extra meter event for the difference, dated in an open period
+  (the run's own time when its period is still open, else now) — never in a finalized one,
+  and never older than Stripe's 35 days;
+* a decrease that movable events cannot absorb is a negative meter event (when the meter
+  allows negative values and the period is open) or else a **credit note** on the invoice of
+  the period where the run's money sits ("Create a credit note": the documented way to
+  adjust a finalized invoice), by quantity of that invoice's metered line, so Stripe prices
+  it in the invoice's own currency. No customer balance credits any more.
 
-Meter values are whole units of ``unit_micros``; the remainder is carried per customer and
-period (``carry``), so Σ units × unit + carry = Σ micros sent, exactly.
+Meter values and credited quantities are whole units of ``unit_micros``; the remainders are
+carried per customer and period (``carry``), so Σ units × unit + carry = Σ micros, exactly.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 MICROS_PER_CENT = 10_000
+MAX_METER_AGE = timedelta(days=35) - timedelta(hours=1)
 
 
 @dataclass(frozen=True, slots=True)
 class Sent:
     """A delivery that took effect, as the planner needs it."""
 
-    kind: str  # "meter_event" | "meter_cancel" | "balance_credit"
+    kind: str  # "meter_event" | "meter_cancel" | "meter_rejected" | "credit_note" | ...
     identifier: str
     micros: int
     units: int
     received_at: datetime
     cancels_identifier: str | None = None
+    event_timestamp: datetime | None = None  # meter events: the date Stripe bills them at
 
 
 @dataclass(frozen=True, slots=True)
 class Step:
-    kind: str  # "meter_event" | "meter_cancel" | "balance_credit"
+    kind: str  # "meter_event" | "meter_cancel" | "credit_note" (| "balance_credit", legacy)
     identifier: str
     micros: int  # signed effect on what Stripe bills
-    units: int = 0  # meter value (meter events) or the cancelled event's units
-    cents: int = 0  # balance credits
+    units: int = 0  # meter value, the cancelled event's units, or the quantity credited
+    cents: int = 0  # legacy balance credits
     cancels_identifier: str | None = None
-    timestamp: int = 0  # meter events: unix seconds, fixed at planning so retries match
+    # Meter events: unix seconds, fixed at planning so retries match. Credit notes: a moment
+    # inside the period whose invoice is credited.
+    timestamp: int = 0
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -68,6 +82,39 @@ class Carry:
     credit_micros: int = 0
 
 
+def month_end(moment: datetime) -> datetime:
+    """The end of ``moment``'s UTC calendar month (Fairmeter bills calendar months)."""
+    moment = moment.astimezone(UTC)
+    year, month = (moment.year + 1, 1) if moment.month == 12 else (moment.year, moment.month + 1)
+    return datetime(year, month, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class BillingPeriods:
+    """What a customer's invoices say about which periods are still open.
+
+    ``finalized``: periods whose invoice Stripe finalized (``invoice.finalized``).
+    ``drafts``: periods with a draft invoice and the time Stripe will finalize it
+    (``invoice.created``'s ``automatically_finalizes_at``). Any other period is a UTC month
+    whose invoice finalizes ``grace`` after it ends. A period counts as closed ``margin``
+    before it finalizes, so a call in flight cannot land on the wrong side.
+    """
+
+    finalized: tuple[tuple[datetime, datetime], ...] = ()
+    drafts: tuple[tuple[datetime, datetime, datetime], ...] = ()
+    grace: timedelta = timedelta(hours=1)
+    margin: timedelta = timedelta(minutes=10)
+
+    def closed(self, moment: datetime, now: datetime) -> bool:
+        """Whether usage dated ``moment`` can no longer change its invoice at ``now``."""
+        if within_any(self.finalized, moment):
+            return True
+        for start, end, finalizes_at in self.drafts:
+            if start <= moment < end:
+                return now >= finalizes_at - self.margin
+        return now >= month_end(moment) + self.grace - self.margin
+
+
 @dataclass(frozen=True, slots=True)
 class PlanInput:
     run_id: int
@@ -80,14 +127,18 @@ class PlanInput:
     unit_micros: int = 1
     cancel_window: timedelta = timedelta(hours=24)
     negative_values_allowed: bool = False
+    periods: BillingPeriods = field(default_factory=BillingPeriods)
 
 
-MAX_METER_AGE = timedelta(days=35) - timedelta(hours=1)
+def meter_timestamp(event_time: datetime, now: datetime, periods: BillingPeriods) -> int:
+    """The run's end when Stripe still bills it in an open period; otherwise now.
 
-
-def meter_timestamp(event_time: datetime, now: datetime) -> int:
-    """The run's end, within what Stripe accepts (at most 35 days old, not in the future)."""
-    return int(min(max(event_time, now - MAX_METER_AGE), now).timestamp())
+    Stripe takes timestamps "within the past 35 calendar days" only; clamping an old one to
+    the edge of that window could land it in a finalized period, so it is dated now instead.
+    """
+    if event_time < now - MAX_METER_AGE or periods.closed(event_time, now):
+        return int(now.timestamp())
+    return int(min(event_time, now).timestamp())
 
 
 def within_any(periods: Sequence[tuple[datetime, datetime]], moment: datetime) -> bool:
@@ -100,9 +151,16 @@ def identifier_for(run_id: int, version: int) -> str:
     return f"run:{run_id}:v{version}"
 
 
+def sent_identifier(identifier: str, generation: int) -> str:
+    """The identifier a step is sent under: a row resent after reconciling (its old key and
+    identifier may be spent, or Stripe rejected them) uses a fresh one per generation."""
+    return identifier if generation == 0 else f"{identifier}:g{generation}"
+
+
 def live_events(sent: Sequence[Sent]) -> list[Sent]:
-    cancelled = {s.cancels_identifier for s in sent if s.kind == "meter_cancel"}
-    return [s for s in sent if s.kind == "meter_event" and s.identifier not in cancelled]
+    """Meter events neither cancelled nor rejected by Stripe."""
+    gone = {s.cancels_identifier for s in sent if s.kind in ("meter_cancel", "meter_rejected")}
+    return [s for s in sent if s.kind == "meter_event" and s.identifier not in gone]
 
 
 def sent_total(sent: Sequence[Sent]) -> int:
@@ -117,14 +175,33 @@ def plan(request: PlanInput) -> tuple[list[Step], Carry]:
     if gap == 0:
         return [], request.carry
     identifier = identifier_for(request.run_id, request.version)
+    now, periods = request.now, request.periods
     live = live_events(request.sent)
-    fresh = all(request.now - e.received_at < request.cancel_window for e in live)
-    if live and fresh:
-        return _cancel_and_resend(request, live, identifier)
-    stamp = meter_timestamp(request.event_time, request.now)
-    if gap > 0 or request.negative_values_allowed:
+    movable = [
+        e
+        for e in live
+        if now - e.received_at < request.cancel_window
+        and not periods.closed(_dated(e, request), now)
+    ]
+    resend = request.target_micros - (total - sum(e.micros for e in movable))
+    stamp = meter_timestamp(request.event_time, now, periods)
+    if movable and resend >= 0:
+        return _cancel_and_resend(request, movable, identifier, resend, stamp)
+    if gap > 0:
         return _meter_event(request.carry, identifier, gap, request.unit_micros, stamp)
-    return _balance_credit(request.carry, identifier, -gap)
+    steps, carry = _cancel_and_resend(request, movable, identifier, 0, stamp)
+    decrease = -resend if movable else -gap
+    if request.negative_values_allowed and not periods.closed(request.event_time, now):
+        more, carry = _meter_event(carry, identifier, -decrease, request.unit_micros, stamp)
+    else:
+        fixed = [e for e in live if e not in movable]
+        where = max((_dated(e, request) for e in fixed), default=request.event_time)
+        more, carry = _credit_note(carry, identifier, decrease, request.unit_micros, where)
+    return steps + more, carry
+
+
+def _dated(event: Sent, request: PlanInput) -> datetime:
+    return event.event_timestamp or request.event_time
 
 
 def _meter_event(
@@ -136,11 +213,11 @@ def _meter_event(
 
 
 def _cancel_and_resend(
-    request: PlanInput, live: list[Sent], identifier: str
+    request: PlanInput, movable: list[Sent], identifier: str, resend: int, stamp: int
 ) -> tuple[list[Step], Carry]:
     steps = []
     carry = request.carry.meter_micros
-    for event in live:
+    for event in movable:
         steps.append(
             Step(
                 "meter_cancel",
@@ -151,17 +228,36 @@ def _cancel_and_resend(
             )
         )
         carry += event.units * request.unit_micros - event.micros
-    # Balance credits cannot be cancelled: the new event also covers what they gave back.
-    credits = sum(s.micros for s in request.sent if s.kind == "balance_credit")
-    resend = request.target_micros - credits
     if resend > 0:
         units, carry = divmod(carry + resend, request.unit_micros)
-        stamp = meter_timestamp(request.event_time, request.now)
         steps.append(Step("meter_event", identifier, resend, units=units, timestamp=stamp))
     return steps, Carry(carry, request.carry.credit_micros)
 
 
-def _balance_credit(carry: Carry, identifier: str, micros: int) -> tuple[list[Step], Carry]:
-    cents, rest = divmod(carry.credit_micros + micros, MICROS_PER_CENT)
-    step = Step("balance_credit", f"credit:{identifier}", -micros, cents=cents)
+def _credit_note(
+    carry: Carry, identifier: str, micros: int, unit: int, where: datetime
+) -> tuple[list[Step], Carry]:
+    units, rest = divmod(carry.credit_micros + micros, unit)
+    step = Step(
+        "credit_note",
+        f"credit_note:{identifier}",
+        -micros,
+        units=units,
+        timestamp=int(where.timestamp()),
+    )
     return [step], Carry(carry.meter_micros, rest)
+
+
+def carry_effect(steps: Sequence[Step], unit: int) -> Carry:
+    """How much planning ``steps`` moved the carries: undone when a plan is dropped unsent."""
+    meter = credit = 0
+    for step in steps:
+        if step.kind == "meter_event":
+            meter += step.micros - step.units * unit
+        elif step.kind == "meter_cancel":
+            meter += step.micros + step.units * unit
+        elif step.kind == "credit_note":
+            credit += -step.micros - step.units * unit
+        elif step.kind == "balance_credit":
+            credit += -step.micros - step.cents * MICROS_PER_CENT
+    return Carry(meter, credit)

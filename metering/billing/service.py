@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta
+from typing import Any
 
+import psycopg
 from sqlalchemy.engine import Engine
 
-from metering.billing import outbox, webhooks
+from metering.billing import outbox, rejections, webhooks
 from metering.billing.drift import (
     Difference,
     compare,
@@ -19,6 +22,8 @@ from metering.billing.gateway import StripeGateway
 from metering.config import Settings
 from metering.db import raw_transaction
 from metering.errors import not_found
+
+log = logging.getLogger("fairmeter.stripe")
 
 
 def link_customer(engine: Engine, tenant: str, customer: str, stripe_id: str) -> int:
@@ -40,11 +45,85 @@ def handle_webhooks(engine: Engine, settings: Settings) -> int:
         waiting = webhooks.pending(conn)
     handled = 0
     for event_id, type_, payload in waiting:
+        unsampled: list[str] = []
         if webhooks.needs_fetch(type_, payload):
             payload = StripeGateway(settings).fetch_event(event_id)
+        if type_ in webhooks.THIN_TYPES:
+            unsampled = unsampled_rejections(engine, settings, payload)
         with raw_transaction(engine) as conn:
-            handled += webhooks.handle_one(conn, event_id, payload)
+            handled += webhooks.handle_one(
+                conn,
+                event_id,
+                payload,
+                unit_micros=settings.stripe_meter_unit_micros,
+                unsampled=unsampled,
+            )
     return handled
+
+
+def unsampled_rejections(engine: Engine, settings: Settings, report: dict[str, Any]) -> list[str]:
+    """Meter events of the report's window that it did not sample but Stripe rejected.
+
+    Reports count every error but sample only a few. For each customer and hour with
+    events Stripe received in the window, what we sent minus Stripe's summary (minus the
+    sampled rejections) is what else was rejected; when that equals the window's other
+    events in the hour, they were all rejected (a customer's or meter's errors reject
+    every event). Anything else is left to the drift check, and logged.
+    """
+    counts, sampled = rejections.error_counts(report), rejections.sampled_errors(report)
+    window = rejections.validation_window(report)
+    if window is None or sum(counts.values()) <= len(sampled):
+        return []
+    slack = timedelta(seconds=1)
+    with raw_transaction(engine) as conn:
+        groups = window_deliveries(conn, window[0] - slack, window[1] + slack)
+        ours = {
+            key: ledger_hourly(conn, key[0], key[1], min(g), max(g) + timedelta(hours=1))
+            for key, g in groups.items()
+        }
+    sampled_ids = {identifier for identifier, _ in sampled}
+    gateway, found = StripeGateway(settings), []
+    for (tenant, customer, stripe_id), by_hour in groups.items():
+        start, end = min(by_hour), max(by_hour) + timedelta(hours=1)
+        theirs = stripe_hourly(gateway, stripe_id, start, end)
+        for hour, events in by_hour.items():
+            missing = ours[(tenant, customer, stripe_id)].get(hour, 0) - theirs.get(hour, 0)
+            missing -= sum(units for ident, units in events if ident in sampled_ids)
+            others = [(ident, units) for ident, units in events if ident not in sampled_ids]
+            if others and missing == sum(units for _, units in others):
+                found += [ident for ident, _ in others]
+            elif missing:
+                log.error(
+                    "stripe rejections not attributable",
+                    extra={"customer": customer, "hour": hour.isoformat(), "units": missing},
+                )
+    return found
+
+
+def window_deliveries(
+    conn: psycopg.Connection[Any], start: datetime, end: datetime
+) -> dict[tuple[str, str, str], dict[datetime, list[tuple[str, int]]]]:
+    """Live meter events Stripe received in ``[start, end]``, by customer and hour."""
+    rows = conn.execute(
+        """
+        SELECT d.tenant_id, d.customer_id, c.stripe_customer_id, d.identifier, d.units,
+               date_trunc('hour', d.event_timestamp)
+        FROM stripe_deliveries d
+        JOIN customers c ON c.tenant_id = d.tenant_id AND c.id = d.customer_id
+        WHERE d.kind = 'meter_event' AND d.stripe_received_at BETWEEN %s AND %s
+          AND d.event_timestamp IS NOT NULL AND c.stripe_customer_id IS NOT NULL
+          AND (d.note IS NULL OR d.note NOT LIKE 'less than one%%')
+          AND NOT EXISTS (SELECT 1 FROM stripe_deliveries x
+                          WHERE x.kind IN ('meter_cancel', 'meter_rejected')
+                            AND x.cancels_identifier = d.identifier)
+        """,
+        (start, end),
+    ).fetchall()
+    groups: dict[tuple[str, str, str], dict[datetime, list[tuple[str, int]]]] = {}
+    for tenant, customer, stripe_id, identifier, units, hour in rows:
+        by_hour = groups.setdefault((tenant, customer, stripe_id), {})
+        by_hour.setdefault(hour, []).append((identifier, int(units)))
+    return groups
 
 
 def drift(

@@ -1,9 +1,17 @@
-"""Stripe webhooks: verify, store in the inbox (repeats are no-ops), handle later in a task."""
+"""Stripe webhooks: verify, store in the inbox (repeats are no-ops), handle later in a task.
+
+Two streams, each from its own event destination with its own signing secret ("Event
+destinations"): snapshot events (v1: ``invoice.*``, ``credit_note.*``) carry the object;
+thin events (v2: ``v1.billing.meter.error_report_triggered``, ``…no_meter_found``) carry
+only an id and are fetched in full before they are handled ("Types of events v2": "you must
+fetch the versioned event from the API").
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -11,22 +19,30 @@ import psycopg
 import stripe
 from psycopg.types.json import Jsonb
 
+from metering.billing import rejections
 from metering.errors import bad_request
 
 log = logging.getLogger("fairmeter.stripe")
 
 
-def verify(payload: bytes, signature: str | None, secret: str, tolerance_s: int) -> dict[str, Any]:
-    """The event, if the signature is Stripe's for this payload and fresh; else a 400."""
+def verify(
+    payload: bytes, signature: str | None, secret: str, tolerance_s: int, *, thin: bool = False
+) -> dict[str, Any]:
+    """The event, if the signature is Stripe's for this payload and fresh, and the event is
+    of the destination's style (snapshot or thin); else a 400."""
     if not signature:
         raise bad_request("the Stripe-Signature header is missing", code="signature_missing")
     text = payload.decode("utf-8", errors="replace")
     try:
-        # The SDK's own check (the one Webhook.construct_event runs); it also accepts thin
-        # event notifications, which construct_event refuses by design.
+        if thin:
+            # The SDK parses thin notifications (and verifies them the same way).
+            notification = _PARSER.parse_event_notification(text, signature, secret, tolerance_s)
+            return {"id": notification.id, "object": "v2.core.event", "type": notification.type}
         stripe.WebhookSignature.verify_header(text, signature, secret, tolerance_s)
     except stripe.SignatureVerificationError:
         raise bad_request("the webhook signature is not valid", code="signature_invalid") from None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise bad_request("the body is not a thin event", code="invalid_event") from None
     try:
         event: dict[str, Any] = json.loads(text)
     except ValueError:
@@ -35,7 +51,16 @@ def verify(payload: bytes, signature: str | None, secret: str, tolerance_s: int)
         raise bad_request("the webhook body is not an event", code="invalid_event")
     if not isinstance(event.get("id"), str) or not isinstance(event.get("type"), str):
         raise bad_request("the event has no id or type", code="invalid_event")
+    if event.get("object") == "v2.core.event":
+        raise bad_request(
+            "a thin event was sent to the snapshot endpoint; use /webhooks/stripe/thin",
+            code="wrong_destination",
+        )
     return event
+
+
+# Parses thin notifications offline (no request is made with this key).
+_PARSER = stripe.StripeClient("sk_parse_only")
 
 
 def store(conn: psycopg.Connection[Any], event: dict[str, Any]) -> bool:
@@ -49,6 +74,11 @@ def store(conn: psycopg.Connection[Any], event: dict[str, Any]) -> bool:
 
 
 METER_ERROR_REPORT = "v1.billing.meter.error_report_triggered"
+NO_METER_FOUND = "v1.billing.meter.no_meter_found"
+THIN_TYPES = frozenset({METER_ERROR_REPORT, NO_METER_FOUND})
+INVOICE_TYPES = frozenset(
+    {"invoice.created", "invoice.finalized", "invoice.paid", "invoice.updated", "invoice.voided"}
+)
 
 
 def pending(conn: psycopg.Connection[Any], limit: int = 100) -> list[tuple[str, str, Any]]:
@@ -62,12 +92,21 @@ def pending(conn: psycopg.Connection[Any], limit: int = 100) -> list[tuple[str, 
 
 
 def needs_fetch(type_: str, payload: dict[str, Any]) -> bool:
-    """Thin events (the meter error report) carry no data: it is fetched from Stripe."""
-    return type_ == METER_ERROR_REPORT and not payload.get("data")
+    """Thin events (the meter error reports) carry no data: it is fetched from Stripe."""
+    return type_ in THIN_TYPES and not payload.get("data")
 
 
-def handle_one(conn: psycopg.Connection[Any], event_id: str, payload: dict[str, Any]) -> bool:
-    """Handle one inbox event exactly once (a concurrent handler skips it); False if taken."""
+def handle_one(
+    conn: psycopg.Connection[Any],
+    event_id: str,
+    payload: dict[str, Any],
+    *,
+    unit_micros: int = 1,
+    unsampled: Sequence[str] = (),
+) -> bool:
+    """Handle one inbox event exactly once (a concurrent handler skips it); False if taken.
+    ``unsampled``: identifiers a meter error report did not sample but the comparison with
+    Stripe's summaries showed rejected (service.handle_webhooks)."""
     row = conn.execute(
         "SELECT type FROM stripe_webhook_inbox WHERE event_id = %s AND handled_at IS NULL "
         "FOR UPDATE SKIP LOCKED",
@@ -76,10 +115,12 @@ def handle_one(conn: psycopg.Connection[Any], event_id: str, payload: dict[str, 
     if row is None:
         return False
     error = None
-    if row[0] == "invoice.finalized":
-        _close_period(conn, payload["data"]["object"])
-    elif row[0] == METER_ERROR_REPORT:
-        _mark_meter_errors(conn, payload)
+    if row[0] in INVOICE_TYPES:
+        _track_invoice(conn, row[0], payload["data"]["object"])
+    elif row[0] in THIN_TYPES:
+        rejections.handle_report(conn, payload, unsampled, unit_micros)
+    elif row[0].startswith("credit_note."):
+        error = "recorded: credit notes are tracked as deliveries"
     else:
         error = "ignored: no handler for this type"
     conn.execute(
@@ -89,8 +130,51 @@ def handle_one(conn: psycopg.Connection[Any], event_id: str, payload: dict[str, 
     return True
 
 
+def _track_invoice(conn: psycopg.Connection[Any], type_: str, invoice: dict[str, Any]) -> None:
+    """Keep what the planner needs from an invoice: its period, currency, when it finalizes,
+    and whether it is final. A period stays open until its invoice is finalized."""
+    if invoice.get("period_start") is None or invoice.get("period_end") is None:
+        return
+    transitions = invoice.get("status_transitions") or {}
+    status = str(invoice.get("status") or ("open" if type_ == "invoice.finalized" else "draft"))
+    if type_ == "invoice.finalized" and status == "draft":
+        status = "open"
+    conn.execute(
+        """
+        INSERT INTO stripe_invoices (invoice_id, stripe_customer_id, currency, status,
+            period_start, period_end, finalizes_at, finalized_at, paid_at)
+        VALUES (%(id)s, %(customer)s, %(currency)s, %(status)s, %(start)s, %(end)s,
+                %(finalizes)s, %(finalized)s, %(paid)s)
+        ON CONFLICT (invoice_id) DO UPDATE SET
+            status = CASE WHEN stripe_invoices.status = 'draft' OR EXCLUDED.status <> 'draft'
+                          THEN EXCLUDED.status ELSE stripe_invoices.status END,
+            finalizes_at = COALESCE(EXCLUDED.finalizes_at, stripe_invoices.finalizes_at),
+            finalized_at = COALESCE(EXCLUDED.finalized_at, stripe_invoices.finalized_at),
+            paid_at = COALESCE(EXCLUDED.paid_at, stripe_invoices.paid_at),
+            updated_at = now()
+        """,
+        {
+            "id": invoice["id"],
+            "customer": invoice["customer"],
+            "currency": str(invoice.get("currency") or "usd"),
+            "status": status,
+            "start": _utc(invoice["period_start"]),
+            "end": _utc(invoice["period_end"]),
+            "finalizes": _utc(invoice.get("automatically_finalizes_at")),
+            "finalized": _utc(transitions.get("finalized_at")),
+            "paid": _utc(transitions.get("paid_at")),
+        },
+    )
+    if status != "draft":
+        _close_period(conn, invoice)
+
+
+def _utc(stamp: Any) -> datetime | None:
+    return None if stamp is None else datetime.fromtimestamp(int(stamp), UTC)
+
+
 def _close_period(conn: psycopg.Connection[Any], invoice: dict[str, Any]) -> None:
-    """A finalized invoice closes its period: no negative meter corrections into it."""
+    """A finalized invoice closes its period: nothing is dated, cancelled or resent into it."""
     conn.execute(
         "INSERT INTO stripe_closed_periods (invoice_id, stripe_customer_id, period_start, "
         "period_end) VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
@@ -100,44 +184,4 @@ def _close_period(conn: psycopg.Connection[Any], invoice: dict[str, Any]) -> Non
             datetime.fromtimestamp(int(invoice["period_start"]), UTC),
             datetime.fromtimestamp(int(invoice["period_end"]), UTC),
         ),
-    )
-
-
-def meter_error_identifiers(event: dict[str, Any]) -> list[str]:
-    """Identifiers named by a meter error report's sample errors."""
-    reason = (event.get("data") or {}).get("reason") or {}
-    found = []
-    for error_type in reason.get("error_types") or []:
-        for sample in error_type.get("sample_errors") or []:
-            identifier = (sample.get("request") or {}).get("identifier")
-            if isinstance(identifier, str):
-                found.append(meter_identifier(identifier))
-    return found
-
-
-def meter_identifier(reported: str) -> str:
-    """Stripe reports the request's idempotency key there; ours embed the meter identifier
-    (``fairmeter:<row>:<step>:<identifier>``), so both forms lead to the delivery."""
-    if reported.startswith("fairmeter:"):
-        parts = reported.split(":", 3)
-        if len(parts) == 4:
-            return parts[3]
-    return reported
-
-
-def _mark_meter_errors(conn: psycopg.Connection[Any], event: dict[str, Any]) -> None:
-    """Stripe rejected these events after accepting them: their rows go to dead letter."""
-    identifiers = meter_error_identifiers(event)
-    result = conn.execute(
-        """
-        UPDATE stripe_outbox o SET status = 'dead',
-               last_error = 'Stripe meter error report ' || %(event)s
-        FROM stripe_deliveries d
-        WHERE d.outbox_id = o.id AND d.kind = 'meter_event' AND d.identifier = ANY(%(ids)s)
-        """,
-        {"event": event["id"], "ids": identifiers},
-    )
-    log.error(
-        "stripe meter error report",
-        extra={"event_id": event["id"], "identifiers": identifiers, "rows": result.rowcount},
     )

@@ -9,6 +9,7 @@ from metering.models.billing import (
     StripeCarryRow,
     StripeClosedPeriodRow,
     StripeDeliveryRow,
+    StripeInvoiceRow,
     StripeOutboxRow,
     StripeWebhookRow,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "StripeCarryRow",
     "StripeClosedPeriodRow",
     "StripeDeliveryRow",
+    "StripeInvoiceRow",
     "StripeOutboxRow",
     "StripeWebhookRow",
     "SupportCreditRow",

@@ -71,17 +71,33 @@ class StripeOutboxRow(SQLModel, table=True):
     last_error: str | None = Field(default=None, sa_column=sa.Column(sa.Text))
     created_at: datetime | None = timestamp_field(default_now=True)
     completed_at: datetime | None = timestamp_field(nullable=True)
+    # Bumped when the row is resent after reconciling with Stripe (a replayed 5xx, a key
+    # older than Stripe's 24 h idempotency window, a rejection, a dead-letter retry): its
+    # calls then go out under fresh idempotency keys and meter-event identifiers.
+    generation: int = Field(
+        default=0, sa_column=sa.Column(sa.Integer, nullable=False, server_default="0")
+    )
+    # When the current generation's first call was made: retries stay inside Stripe's
+    # idempotency window, measured from here.
+    first_attempt_at: datetime | None = timestamp_field(nullable=True)
+
+
+DELIVERY_KINDS = ("meter_event", "meter_cancel", "meter_rejected", "credit_note", "balance_credit")
 
 
 class StripeDeliveryRow(SQLModel, table=True):
     """A Stripe call that took effect. Append-only; ``micros`` is its signed effect on what
-    Stripe will bill (a cancel or a balance credit is negative)."""
+    Stripe will bill (a cancel, a rejection Stripe reported later, a credit note or a legacy
+    balance credit is negative). Credit notes keep the invoice, its currency and the amount
+    Stripe credited in that currency's minor unit."""
 
     __tablename__ = "stripe_deliveries"
     __table_args__ = (
         sa.UniqueConstraint("kind", "identifier"),
         sa.CheckConstraint(
-            "kind IN ('meter_event', 'meter_cancel', 'balance_credit')", name="kind_known"
+            "kind IN ('meter_event', 'meter_cancel', 'meter_rejected', 'credit_note', "
+            "'balance_credit')",
+            name="kind_known",
         ),
         sa.Index("ix_stripe_deliveries_run_id", "run_id"),
         sa.Index("ix_stripe_deliveries_tenant_id_customer_id", "tenant_id", "customer_id"),
@@ -103,6 +119,9 @@ class StripeDeliveryRow(SQLModel, table=True):
         sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False)
     )
     note: str | None = Field(default=None, max_length=200)
+    invoice_id: str | None = Field(default=None, max_length=255)
+    currency: str | None = Field(default=None, max_length=3)
+    amount_minor: int | None = Field(default=None, sa_column=sa.Column(sa.BigInteger))
 
 
 class StripeCarryRow(SQLModel, table=True):
@@ -144,3 +163,22 @@ class StripeClosedPeriodRow(SQLModel, table=True):
     period_start: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))
     period_end: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))
     closed_at: datetime | None = timestamp_field(default_now=True)
+
+
+class StripeInvoiceRow(SQLModel, table=True):
+    """What Stripe's invoice webhooks said about a customer's invoice: its period, currency,
+    when it finalizes and whether it is finalized or paid. The planner reads it to know
+    which periods are still open; credit notes are issued against these invoices."""
+
+    __tablename__ = "stripe_invoices"
+
+    invoice_id: str = Field(primary_key=True, max_length=255)
+    stripe_customer_id: str = Field(max_length=255, index=True)
+    currency: str = Field(max_length=3)
+    status: str = Field(max_length=20)
+    period_start: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))
+    period_end: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))
+    finalizes_at: datetime | None = timestamp_field(nullable=True)
+    finalized_at: datetime | None = timestamp_field(nullable=True)
+    paid_at: datetime | None = timestamp_field(nullable=True)
+    updated_at: datetime | None = timestamp_field(default_now=True)

@@ -40,6 +40,8 @@ def stripe_settings(settings: Settings, emulator: EmulatorServer) -> Settings:
             "stripe_push_threads": 20,
             "stripe_push_lease_s": 2,
             "stripe_webhook_secret": "whsec_test",
+            "stripe_thin_webhook_secret": "whsec_thin_test",
+            "stripe_summary_lag_s": 0.0,
         }
     )
 
@@ -76,6 +78,7 @@ def webhook_api(settings: Settings, stripe_settings: Settings) -> Iterator[str]:
     port = free_port()
     env = service_env(settings) | {
         "FAIRMETER_STRIPE_WEBHOOK_SECRET": str(stripe_settings.stripe_webhook_secret),
+        "FAIRMETER_STRIPE_THIN_WEBHOOK_SECRET": str(stripe_settings.stripe_thin_webhook_secret),
         "FAIRMETER_STRIPE_API_BASE": str(stripe_settings.stripe_api_base),
     }
     proc = subprocess.Popen(
@@ -83,7 +86,7 @@ def webhook_api(settings: Settings, stripe_settings: Settings) -> Iterator[str]:
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_http(f"{base}/healthz")
+        wait_http(f"{base}/healthz", deadline_s=120)  # a loaded machine starts slowly
         yield base
     finally:
         proc.terminate()

@@ -27,7 +27,12 @@ def drain(pusher: Pusher, engine: Any, deadline_s: float = 120) -> list[PushRepo
         if pending == 0:
             return reports
         time.sleep(0.05)
-    raise TimeoutError("outbox still has pending rows")
+    with raw_transaction(engine) as conn:
+        stuck = conn.execute(
+            "SELECT id, next_step, attempts, last_error FROM stripe_outbox "
+            "WHERE status = 'pending' ORDER BY id LIMIT 5"
+        ).fetchall()
+    raise TimeoutError(f"outbox still has pending rows: {stuck}")
 
 
 def settled_runs(

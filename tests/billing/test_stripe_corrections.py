@@ -6,7 +6,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from metering.billing.push import Pusher
-from metering.billing.service import handle_webhooks
 from metering.db import raw_transaction
 from metering.disputes.service import Credit, grant_credit
 from metering.keys import Principal, Scope
@@ -76,7 +75,7 @@ def run_id_of(db: Any, run: str) -> int:
     return int(db.execute("SELECT id FROM runs WHERE subject = %s", (run,)).fetchone()[0])
 
 
-def test_cancel_and_resend_then_increase_then_balance_credit(
+def test_cancel_and_resend_then_increase_then_cancel_and_resend_of_the_fresh_part(
     engine, stripe_settings, db, control, link
 ):
     big_run(engine, stripe_settings, "run-c", "cust-c")
@@ -117,16 +116,17 @@ def test_cancel_and_resend_then_increase_then_balance_credit(
     sent = events_of(control, rid)
     assert sent[f"run:{rid}:v3"]["value"] == 300_000 and not sent[f"run:{rid}:v2"]["cancelled"]
 
-    # A decrease after 24 h: a balance credit in whole cents, the rest carried.
+    # A decrease: v2 is older than 24 h, v3 is not and its period is open, so v3 is
+    # cancelled and the rest resent; no customer balance credit (issue #20).
     credit(engine, stripe_settings, "run-c", 123_456, later)
     drain(pusher, engine)
-    balance = customer_balance(control, stripe_id)
-    assert balance == -12  # 123,456 micros = 12 cents, 3,456 micros carried
-    carry = db.execute("SELECT credit_carry_micros FROM stripe_carries").fetchone()[0]
-    assert carry == 3_456
-    live = sum(e["value"] for e in events_of(control, rid).values() if not e["cancelled"])
+    assert customer_balance(control, stripe_id) == 0
+    sent = events_of(control, rid)
+    assert sent[f"run:{rid}:v3"]["cancelled"] is True
+    assert sent[f"run:{rid}:v4"]["value"] == 176_544
+    live = sum(e["value"] for e in sent.values() if not e["cancelled"])
     billed = db.execute("SELECT billed_micros FROM runs WHERE id = %s", (rid,)).fetchone()[0]
-    assert live + balance * 10_000 - carry == billed == 1_176_544
+    assert live == billed == 1_176_544
     history = db.execute(
         "SELECT kind, micros FROM stripe_deliveries WHERE run_id = %s ORDER BY id", (rid,)
     ).fetchall()
@@ -135,17 +135,16 @@ def test_cancel_and_resend_then_increase_then_balance_credit(
         "meter_cancel",
         "meter_event",
         "meter_event",
-        "balance_credit",
+        "meter_cancel",
+        "meter_event",
     ]
 
 
-def test_negative_meter_event_while_the_invoice_is_open_then_credit_once_finalized(
-    engine, stripe_settings, db, control, link, webhook_api
-):
+def test_negative_meter_event_while_the_invoice_is_open(engine, stripe_settings, db, control, link):
     negative = stripe_settings.model_copy(update={"stripe_allow_negative_meter_values": True})
     control.settings(allow_negative_values=True)
     big_run(engine, negative, "run-n", "cust-n")
-    stripe_id = link("cust-n")
+    link("cust-n")
     rid = run_id_of(db, "run-n")
     drain(Pusher(engine, negative), engine)
     control.advance_clock(25 * 3600)
@@ -154,20 +153,5 @@ def test_negative_meter_event_while_the_invoice_is_open_then_credit_once_finaliz
     drain(Pusher(engine, negative, clock=clock), engine)
     assert events_of(control, rid)[f"run:{rid}:v2"]["value"] == -100_000
 
-    # invoice.finalized closes the period: the next decrease becomes a balance credit.
-    month = START.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    next_month = (month + timedelta(days=32)).replace(day=1)
-    outcome = control.deliver_webhook(
-        url=f"{webhook_api}/webhooks/stripe",
-        secret="whsec_test",
-        type="invoice.finalized",
-        customer=stripe_id,
-        period_start=int(month.timestamp()),
-        period_end=int(next_month.timestamp()),
-    )
-    assert [o["status"] for o in outcome["deliveries"]] == [200]
-    assert handle_webhooks(engine, negative) == 1
-    credit(engine, negative, "run-n", 50_000, clock())
-    drain(Pusher(engine, negative, clock=clock), engine)
-    assert f"run:{rid}:v3" not in events_of(control, rid)
-    assert customer_balance(control, stripe_id) == -5
+    # Credits after the period's invoice is finalized are credit notes on that invoice:
+    # tests/billing/test_stripe_invoiced_corrections.py.

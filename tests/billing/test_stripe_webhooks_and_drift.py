@@ -14,6 +14,7 @@ from metering.billing.service import drift, handle_webhooks
 from tests.billing.harness import drain, settled_runs
 
 SECRET = "whsec_test"
+THIN_SECRET = "whsec_thin_test"
 
 
 def invoice_event(customer: str = "cus_x") -> dict:
@@ -83,13 +84,14 @@ def test_tampered_wrong_secret_and_stale_webhooks_are_400_and_not_stored(webhook
 def test_meter_error_report_thin_event_dead_letters_the_named_rows(
     webhook_api, control, engine, stripe_settings, db, link
 ):
+    """The report comes from the thin-event destination, with its own secret."""
     settled_runs(engine, stripe_settings, runs=3, customers=1, kinds=("completed",))
     db.execute("UPDATE customers SET stripe_customer_id = 'cus_unknown_to_stripe'")
     db.execute("UPDATE stripe_outbox SET status = 'pending' WHERE status = 'waiting_customer'")
     drain(Pusher(engine, stripe_settings), engine)  # accepted, then flagged by Stripe
     outcome = control.deliver_webhook(
-        url=f"{webhook_api}/webhooks/stripe",
-        secret=SECRET,
+        url=f"{webhook_api}/webhooks/stripe/thin",
+        secret=THIN_SECRET,
         type="v1.billing.meter.error_report_triggered",
     )
     assert [d["status"] for d in outcome["deliveries"]] == [200], outcome["deliveries"]

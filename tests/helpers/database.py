@@ -16,6 +16,7 @@ DATA_TABLES = (
     "stripe_carries",
     "stripe_webhook_inbox",
     "stripe_closed_periods",
+    "stripe_invoices",
     "decisions",
     "ledger_entries",
     "usage_lines",

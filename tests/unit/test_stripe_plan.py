@@ -31,7 +31,10 @@ def request(target: int, sent: list[Sent], **kw) -> PlanInput:
 
 
 def delivered(step: Step, at: datetime = NOW) -> Sent:
-    return Sent(step.kind, step.identifier, step.micros, step.units, at, step.cancels_identifier)
+    stamp = datetime.fromtimestamp(step.timestamp, UTC) if step.timestamp else None
+    return Sent(
+        step.kind, step.identifier, step.micros, step.units, at, step.cancels_identifier, stamp
+    )
 
 
 def event(micros: int, age: timedelta, identifier: str = "run:7:v1") -> Sent:
@@ -66,13 +69,17 @@ def test_increase_after_24h_is_an_extra_event_for_the_difference():
     assert [(s.kind, s.identifier, s.micros) for s in steps] == [("meter_event", "run:7:v2", 500)]
 
 
-def test_decrease_after_24h_is_a_balance_credit_with_the_sub_cent_rest_carried():
-    steps, carry = plan(request(1_000, [event(1_500_000, timedelta(days=2))]))
-    # 1,499,000 micros = 149 cents and 9,000 micros carried for the next credit
-    assert [(s.kind, s.cents, s.micros) for s in steps] == [("balance_credit", 149, -1_499_000)]
+def test_decrease_after_24h_is_a_credit_note_by_whole_units_with_the_rest_carried():
+    steps, carry = plan(request(1_000, [event(1_500_000, timedelta(days=2))], unit_micros=10_000))
+    # 1,499,000 micros = 149 units of 10,000 and 9,000 micros carried for the next credit;
+    # never a customer balance credit (one per currency, applied to the next invoice).
+    assert [(s.kind, s.units, s.micros) for s in steps] == [("credit_note", 149, -1_499_000)]
+    assert steps[0].timestamp == int(END.timestamp())  # the invoice of the event's period
     assert carry == Carry(0, 9_000)
-    steps, carry = plan(request(0, [event(1_000, timedelta(days=2))], carry=carry))
-    assert steps[0].cents == 1 and carry == Carry(0, 0)
+    steps, carry = plan(
+        request(0, [event(1_000, timedelta(days=2))], carry=carry, unit_micros=10_000)
+    )
+    assert steps[0].units == 1 and carry == Carry(0, 0)
 
 
 def test_decrease_after_24h_is_a_negative_event_when_allowed():
@@ -128,6 +135,10 @@ def test_stripe_ends_at_the_target_exactly_whatever_the_history(targets, ages, u
         )
         sent += [delivered(s, now - timedelta(hours=age)) for s in steps]
         assert sent_total(sent) == target
-    meter_micros = sum(s.micros for s in sent if s.kind != "balance_credit")
+    meter_micros = sum(s.micros for s in sent if s.kind in ("meter_event", "meter_cancel"))
     live_units = sum(s.units for s in live_events(sent))
     assert live_units * unit + carry.meter_micros == meter_micros
+    credited = [s for s in sent if s.kind == "credit_note"]
+    assert sum(s.units for s in credited) * unit + carry.credit_micros == -sum(
+        s.micros for s in credited
+    )

@@ -1,0 +1,33 @@
+"""The metered lines of an invoice: each meter's aggregate over the period at one instant."""
+
+from __future__ import annotations
+
+from devtools.stripe_emulator.billing_objects import Invoice, InvoiceLine
+from devtools.stripe_emulator.meters import aggregate
+from devtools.stripe_emulator.state import EmulatorState
+
+
+def usage_lines(state: EmulatorState, invoice: Invoice, at: int) -> list[InvoiceLine]:
+    """One line per billed meter: its aggregate over the period as Stripe held it at ``at``."""
+    meter_ids = invoice.meters if invoice.meters is not None else list(state.meters)
+    lines = []
+    for meter_id in meter_ids:
+        meter = state.meters[meter_id]
+        events = [
+            event
+            for event in state.events_by_series.get((meter_id, invoice.customer), ())
+            if invoice.period_start <= event.timestamp < invoice.period_end and event.counts_at(at)
+        ]
+        lines.append(
+            InvoiceLine(
+                id=f"il_{invoice.id[3:]}_{meter_id[4:12]}",
+                meter=meter_id,
+                # Stripe bills a negative cycle total (negative events allowed) as quantity 0.
+                quantity=max(0, aggregate(meter.formula, events)),
+                unit_amount_minor=invoice.unit_amount_minor,
+                period_start=invoice.period_start,
+                period_end=invoice.period_end,
+                description=meter.display_name,
+            )
+        )
+    return lines

@@ -1,0 +1,113 @@
+"""Issue #20: Stripe accepts meter events with 200 and rejects them later, in an error report.
+
+The report samples at most five events per code; the rest are found by comparing what was
+sent in the report's window with Stripe's summaries. Every rejected event counts as having
+no effect, its row is dead-lettered with the code, and ``fairmeter stripe dead --retry-all``
+plans the rows again from what Stripe actually has: the invoice ends equal to the ledger.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+
+from metering.billing.push import Pusher
+from metering.billing.service import handle_webhooks, link_customer
+from tests.billing.harness import drain
+from tests.billing.invoicing import (
+    Clocks,
+    away_from_a_month_end,
+    billed_minor,
+    finalize_month_of,
+    invoiced_minor,
+    invoicing_settings,
+    subscribe_destinations,
+)
+from tests.billing.test_stripe_corrections import START, big_run
+from tests.helpers import ROOT
+from tests.helpers.processes import service_env
+
+pytestmark = away_from_a_month_end()
+RUNS = 8  # more than the report's five samples
+
+
+def test_async_rejection_is_found_beyond_the_samples_retried_and_invoiced_once(
+    engine, settings, stripe_settings, db, control, sdk, webhook_api
+):
+    billing = invoicing_settings(stripe_settings)
+    control.settings(validation_mode="async")
+    subscribe_destinations(control, webhook_api)
+    clocks = Clocks(control)
+    clocks.start()
+    for number in range(RUNS):
+        big_run(engine, billing, f"run-{number}", "cust-0")  # 120 units each
+    link_customer(engine, "acme", "cust-0", "cus_not_in_stripe")
+    pusher = Pusher(engine, billing, clock=clocks.clock)
+    drain(pusher, engine)
+    assert db.execute("SELECT count(*) FROM stripe_outbox WHERE status = 'sent'").fetchone() == (
+        RUNS,
+    )
+
+    report = control.issue_error_reports()["reports"]
+    assert len(report) == 1
+    handle_webhooks(engine, billing)  # fetched in full, compared with the summaries
+    dead = db.execute("SELECT last_error FROM stripe_outbox WHERE status = 'dead'").fetchall()
+    assert len(dead) == RUNS
+    rejected = db.execute(
+        "SELECT count(*) FROM stripe_deliveries WHERE kind = 'meter_rejected'"
+    ).fetchone()
+    assert rejected == (RUNS,)
+
+    stripe_id = str(sdk.v1.customers.create(params={"name": "cust-0"}).id)
+    link_customer(engine, "acme", "cust-0", stripe_id)
+    retried = subprocess.run(
+        [sys.executable, "-m", "cli", "stripe", "dead", "--retry-all"],
+        cwd=ROOT,
+        env=service_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert f"{RUNS} row(s) back to pending" in retried.stdout
+    drain(pusher, engine)
+    finalize_month_of(START, clocks, engine, billing)
+
+    assert invoiced_minor(sdk, stripe_id) == billed_minor(db, "cust-0")
+    assert billed_minor(db, "cust-0") == {START.strftime("%Y-%m"): RUNS * 120}
+
+
+def test_a_timestamp_rejected_as_too_old_is_planned_again_at_once_and_dated_now(
+    engine, stripe_settings, db, control, link, sdk, webhook_api
+):
+    """Our clock ran 40 days behind Stripe's: Stripe takes the event, then rejects it as
+    older than its 35 days. That code needs no operator: the row is planned again at once,
+    and the resend is dated now, in the open month, never back into a finalized one."""
+    billing = invoicing_settings(stripe_settings)
+    control.settings(validation_mode="async")
+    subscribe_destinations(control, webhook_api)
+    clocks = Clocks(control)
+    clocks.start()
+    big_run(engine, billing, "run-old", "cust-f")
+    stripe_id = link("cust-f")
+    later = datetime.now(UTC) + timedelta(days=40)
+    control.set_clock(int(later.timestamp()), frozen=True)  # Stripe's clock only
+    pusher = Pusher(engine, billing, clock=clocks.clock)
+    drain(pusher, engine)
+    control.issue_error_reports()
+    handle_webhooks(engine, billing)
+    (status, plan) = db.execute("SELECT status, plan FROM stripe_outbox").fetchone()
+    assert (status, plan) == ("pending", None)
+
+    clocks.jump(later)  # our clock catches up
+    drain(pusher, engine)
+    events = {e["identifier"]: e for e in control.state()["meter_events"]}
+    (run_id,) = db.execute("SELECT id FROM runs WHERE subject = 'run-old'").fetchone()
+    assert events[f"run:{run_id}:v1"]["error_code"] == "timestamp_too_far_in_past"
+    resent = events[f"run:{run_id}:v1:g1"]
+    assert resent["error_code"] is None and resent["timestamp"] >= int(later.timestamp()) - 5
+    finalize_month_of(later, clocks, engine, billing)
+    invoiced = invoiced_minor(sdk, stripe_id)
+    assert invoiced == {later.strftime("%Y-%m"): 120}
+    assert sum(invoiced.values()) == sum(billed_minor(db, "cust-f").values())
