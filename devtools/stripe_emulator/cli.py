@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+from pathlib import Path
 from types import FrameType
 
 import click
@@ -16,8 +17,18 @@ from devtools.stripe_emulator.server import EmulatorServer
 @click.option("--port", default=12111, type=int, show_default=True)
 @click.option("--webhook-url", default=None, help="Where POST /_emulator/webhooks delivers.")
 @click.option("--webhook-secret", default=None, help="The endpoint's signing secret (whsec_...).")
+@click.option(
+    "--state-file",
+    default=None,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Keep meters, customers and meter events here across restarts (default: forget).",
+)
 def stripe_emulator(
-    host: str, port: int, webhook_url: str | None, webhook_secret: str | None
+    host: str,
+    port: int,
+    webhook_url: str | None,
+    webhook_secret: str | None,
+    state_file: Path | None,
 ) -> None:
     """Serve an in-memory Stripe (meters, meter events, customers, webhooks) for local runs."""
     try:
@@ -30,9 +41,20 @@ def stripe_emulator(
         server.request_stop()
 
     signal.signal(signal.SIGTERM, _stop)
+    keeper = None
+    if state_file is not None:
+        from devtools.stripe_emulator import persistence
+
+        restored = persistence.load(server.state, state_file)
+        click.echo(f"restored {restored} customer(s) from {state_file}")
+        keeper = persistence.Keeper(server.state, state_file)
     click.echo(server.url, nl=True)
-    with contextlib.suppress(KeyboardInterrupt):
-        server.serve_forever()
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            server.serve_forever()
+    finally:
+        if keeper is not None:
+            keeper.close()
 
 
 if __name__ == "__main__":
