@@ -3,7 +3,7 @@ SHELL := /bin/bash
 UV = $(shell command -v uv 2>/dev/null || echo "python3 -m uv")
 export UV_LINK_MODE ?= copy
 
-.PHONY: up test lint typecheck unit bench install uv clean
+.PHONY: up test lint typecheck unit bench install uv clean browser
 
 uv:
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
@@ -17,8 +17,13 @@ up: install
 	@$(UV) run --frozen fairmeter up $(ARGS)
 
 ## Lint, type-check and run the whole suite against real PostgreSQL, Redis and Celery.
-test: install lint typecheck
+test: install lint typecheck browser
 	@$(UV) run --frozen pytest
+
+## The browser tests' Chromium: the OS package (apt-get) where there is one, else
+## Playwright's own build; installed only when missing, saying what it runs.
+browser: install
+	@$(UV) run --frozen python -m devtools.chromium
 
 lint: install
 	@$(UV) run --frozen ruff check .

@@ -17,6 +17,7 @@ from api.paths import FairmeterApp, decode_path_params
 from api.problems import EXCEPTION_HANDLERS
 from api.ratelimit import rate_limit_middleware
 from api.runs import get_run, settle_run_now
+from api.schema_docs import OfflineRedocPlugin, schema_assets_router
 from api.services import Services
 from api.statements import get_statement
 from api.stripe_webhooks import stripe_thin_webhook, stripe_webhook
@@ -62,6 +63,7 @@ def create_app(
             metrics,
             *SUPPORT_HANDLERS,
             console_router,
+            schema_assets_router(),
         ],
         state=State({"services": services}),
         exception_handlers=EXCEPTION_HANDLERS,
@@ -79,6 +81,7 @@ def create_app(
             path="/schema",
             description="Usage metering and billing protection for AI-agent runs.",
             components=COMPONENTS,
+            render_plugins=[OfflineRedocPlugin()],
         ),
         plugins=[StrictStructSchemaPlugin()],
         debug=False,

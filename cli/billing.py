@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import click
 
-from metering.config import load_settings
+from metering.config import load_cli_settings
 from metering.db import create_db_engine, raw_transaction
 
 
@@ -27,7 +27,7 @@ def link_customer(tenant: str, customer: str, stripe_id: str) -> None:
     """Set a customer's Stripe id; its waiting outbox rows become due."""
     from metering.billing.service import link_customer as link
 
-    released = link(create_db_engine(load_settings()), tenant, customer, stripe_id)
+    released = link(create_db_engine(load_cli_settings()), tenant, customer, stripe_id)
     click.echo(f"linked {customer} to {stripe_id}; {released} waiting row(s) released")
 
 
@@ -36,7 +36,7 @@ def push() -> None:
     """Drain due outbox rows to Stripe once, in this process."""
     from metering.billing.push import Pusher
 
-    settings = load_settings()
+    settings = load_cli_settings()
     report = Pusher(create_db_engine(settings), settings).push_due()
     click.echo(
         f"{report.sent_rows} row(s) sent, {report.calls} call(s), "
@@ -52,7 +52,7 @@ def dead(tenant: str | None, retry_ids: tuple[int, ...], retry_all: bool) -> Non
     """List dead-lettered outbox rows, or send them back to pending."""
     from metering.billing import outbox
 
-    settings = load_settings()
+    settings = load_cli_settings()
     engine = create_db_engine(settings)
     with raw_transaction(engine) as conn:
         if retry_ids or retry_all:
@@ -80,7 +80,7 @@ def drift(tenant: str, customer: str, start: datetime, end: datetime) -> None:
     """Compare sent meter units per hour with Stripe's summaries; exit 1 on any difference."""
     from metering.billing.service import drift as check
 
-    settings = load_settings()
+    settings = load_cli_settings()
     differences = check(
         create_db_engine(settings), settings, tenant, customer, _utc(start), _utc(end)
     )

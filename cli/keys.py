@@ -6,7 +6,7 @@ from datetime import datetime
 
 import click
 
-from metering.config import load_settings
+from metering.config import load_cli_settings
 from metering.db import create_db_engine, raw_transaction
 from metering.keys import Scope
 
@@ -28,7 +28,7 @@ def keys_create(
     """Create a key and print its secret once (it is stored only as an HMAC)."""
     from metering.keys_repo import create_key
 
-    settings = load_settings()
+    settings = load_cli_settings()
     engine = create_db_engine(settings)
     with raw_transaction(engine) as conn:
         key_id, raw = create_key(
@@ -50,7 +50,7 @@ def keys_revoke(key_id: str) -> None:
     """Revoke a key by id; API processes stop accepting it within the key cache TTL."""
     from metering.keys_repo import revoke_key
 
-    engine = create_db_engine(load_settings())
+    engine = create_db_engine(load_cli_settings())
     with raw_transaction(engine) as conn:
         revoke_key(conn, key_id)
     click.echo(f"revoked {key_id}")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from metering.config import WeakPepperError, load_settings, require_strong_pepper
+from metering.config import WeakPepperError, load_cli_settings, require_strong_pepper
 from metering.db import create_db_engine, raw_transaction
 
 
@@ -25,7 +25,7 @@ def prices_load(file: Path | None) -> None:
     from metering.prices import insert_prices, read_catalog_file
 
     rows = read_catalog_file(file)
-    engine = create_db_engine(load_settings())
+    engine = create_db_engine(load_cli_settings())
     with raw_transaction(engine) as conn:
         added = insert_prices(conn, rows)
     click.echo(f"{added} price(s) added, {len(rows) - added} already present")
@@ -42,7 +42,7 @@ def db_upgrade(revision: str) -> None:
     """Apply migrations up to REVISION (default: head)."""
     from metering.migrate import upgrade
 
-    upgrade(load_settings().database_url, revision)
+    upgrade(load_cli_settings().database_url, revision)
     click.echo(f"database at {revision}")
 
 
@@ -54,7 +54,7 @@ def serve(host: str, port: int, workers: int) -> None:
     """Run the API with uvicorn (never with a default, placeholder or short key pepper)."""
     from api.server import run_api
 
-    settings = load_settings()
+    settings = load_cli_settings()
     try:
         require_strong_pepper(settings)
     except WeakPepperError as exc:
@@ -69,7 +69,7 @@ def settle(due: bool) -> None:
     """Run a settlement sweep in this process (what the beat-driven workers do)."""
     from metering.settlement.runner import settle_due_now
 
-    settings = load_settings()
+    settings = load_cli_settings()
     report = settle_due_now(create_db_engine(settings), settings)
     click.echo(
         f"{len(report.decided)} run(s) decided, {len(report.unchanged)} unchanged, "

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from metering.config import load_settings
+from metering.config import load_cli_settings
 from metering.db import create_db_engine, raw_transaction
 from metering.keys import Principal, Scope
 from metering.money import format_usd
@@ -35,7 +35,7 @@ def statement(
     tenant: str, customer: str, period: str, as_csv: bool, html_file: Path | None
 ) -> None:
     """Print a customer's usage statement (JSON by default)."""
-    settings = load_settings()
+    settings = load_cli_settings()
     engine = create_db_engine(settings)
     operator = Principal(tenant_id=tenant, scope=Scope.ADMIN, key_id="cli")
     now = datetime.now(UTC)

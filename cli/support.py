@@ -9,7 +9,7 @@ from decimal import Decimal
 
 import click
 
-from metering.config import load_settings
+from metering.config import load_cli_settings
 from metering.db import create_db_engine, raw_transaction
 from metering.disputes import service, timeline
 from metering.keys import Principal, Scope
@@ -31,7 +31,7 @@ def support() -> None:
 @click.option("--tenant", required=True)
 def show_run(run: str, tenant: str) -> None:
     """Print a run's full timeline as JSON."""
-    engine = create_db_engine(load_settings())
+    engine = create_db_engine(load_cli_settings())
     with raw_transaction(engine) as conn:
         found = timeline.timeline(conn, _operator(tenant), run)
     click.echo(json.dumps(asdict(found), default=str, indent=2))
@@ -42,7 +42,7 @@ def show_run(run: str, tenant: str) -> None:
 @click.option("--open", "only_open", is_flag=True, help="Only open disputes.")
 def list_disputes(tenant: str, only_open: bool) -> None:
     """List disputes, newest first."""
-    engine = create_db_engine(load_settings())
+    engine = create_db_engine(load_cli_settings())
     with raw_transaction(engine) as conn:
         found = timeline.disputes(conn, _operator(tenant), status="open" if only_open else None)
     for d in found:
@@ -61,7 +61,7 @@ def credit(
     run: str, tenant: str, amount: str | None, percent: str | None, full: bool, reason: str
 ) -> None:
     """Credit a run (through a new decision version, the ledger and the Stripe outbox)."""
-    settings = load_settings()
+    settings = load_cli_settings()
     micros = None
     if amount is not None:
         exact = Decimal(amount) * MICROS_PER_USD

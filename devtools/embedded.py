@@ -147,6 +147,9 @@ def start_stripe_emulator(
     argv = [
         *(sys.executable, "-m", "devtools.stripe_emulator.cli"),
         *("--host", "127.0.0.1", "--port", str(port)),
+        # Our database keeps the customer ids the emulator gave: it must still know them
+        # after a restart, as Stripe would (issue #15 §5).
+        *("--state-file", str(state_dir / "stripe-emulator.json")),
     ]
     children.append(spawn("stripe-emulator", argv, log=state_dir / "stripe-emulator.log"))
     wait_until(

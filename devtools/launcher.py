@@ -25,6 +25,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -44,12 +45,19 @@ from devtools.processes import (
     StopRequested,
     explicit_fields,
     first_exited,
-    spawn,
+    spawn_logged,
     stop_children,
     supervise,
     wait_until,
 )
-from metering.config import Settings, WeakPepperError, load_settings, require_strong_pepper
+from metering.config import (
+    Settings,
+    WeakPepperError,
+    load_settings,
+    remove_up_state,
+    require_strong_pepper,
+    write_up_state,
+)
 
 DEMO_TENANT = "demo"
 DEMO_CUSTOMER = "demo-customer"
@@ -163,10 +171,18 @@ def redact(url: str) -> str:
     return url.replace(f":{password}@", ":***@", 1) if password else url
 
 
-def banner(base: str, where: dict[str, str], keys: list[DemoKey]) -> str:
+def banner(base: str, where: dict[str, str], keys: list[DemoKey], logs: Path) -> str:
     """What to tell the user; the ``  <scope> key: <raw>`` lines are meant to be parsed too."""
     lines = ["", "Fairmeter is up.", f"  API: {base}", f"  OpenAPI docs: {base}/schema"]
     lines += [f"  {name}: {value}" for name, value in where.items()]
+    today = datetime.now(UTC).date()
+    lines.append(f"  logs: {logs}/ (this terminal shows only warnings and errors)")
+    lines += [
+        "From another terminal in this checkout, the CLI reaches this instance by itself:",
+        f"  uv run fairmeter keys create --tenant {DEMO_TENANT} --scope ingest",
+        f"  uv run fairmeter stripe drift --tenant {DEMO_TENANT} --customer {DEMO_CUSTOMER} "
+        f"--from {today - timedelta(days=1)} --to {today + timedelta(days=1)}",
+    ]
     if not keys:
         lines.append(
             "No demo (--no-demo or FAIRMETER_DEMO=0); create keys with `fairmeter keys create`."
@@ -181,8 +197,9 @@ def banner(base: str, where: dict[str, str], keys: list[DemoKey]) -> str:
             '"input_tokens":1000,"output_tokens":500}'
         )
         event = (
-            '{"specversion":"1.0","id":"evt-1","source":"demo","type":"run.usage",'
-            f'"subject":"run-1","time":"\'"$(date -u +%FT%TZ)"\'","data":{data}}}'
+            '{"specversion":"1.0","id":"evt-\'"$(date +%s)"\'","source":"demo",'
+            '"type":"run.usage","subject":"run-1","time":"\'"$(date -u +%FT%TZ)"\'",'
+            f'"data":{data}}}'
         )
         auth = f"-H 'authorization: Bearer {keys[0].raw}'"
         lines += [
@@ -301,13 +318,21 @@ def start_everything(
     apps: list[Child] = []
     stack.callback(stop_children, apps)
     env = child_env(services.settings)
-    apps += [spawn(name, argv, env) for name, argv in application_commands(host, port, state_dir)]
+    logs = state_dir / "logs"
+    click.echo(f"fairmeter up: starting the API, a worker and beat (their logs: {logs}/)")
+    apps += [
+        spawn_logged(name, argv, env, logs / f"{name}.log")
+        for name, argv in application_commands(host, port, state_dir)
+    ]
     supervised = services.children + apps
     wait_until(lambda: api_ready(host, port), "the API", supervised, stop)
-    sys.stdout.write(banner(base, services.where, keys))
-    sys.stdout.flush()
+    stack.callback(remove_up_state, state_dir)
+    write_up_state(state_dir, services.settings, pid=os.getpid())
+    summary = banner(base, services.where, keys, logs)
     if keys:
         show_demo(services.settings, base, keys, emulator_url, supervised, stop)
+    # Last, so the keys, URLs and commands are what the terminal shows.
+    sys.stdout.write(summary)
     click.echo("Press Ctrl-C to stop everything.")
     return supervise(supervised, stop)
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable
 from contextlib import suppress
@@ -78,6 +81,43 @@ def spawn(
             argv, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
         )
     return Child(name, process)
+
+
+# A line worth the terminal: a log record at WARNING or above (Celery's and Python's text
+# formats, our JSON one), or the start of a traceback. Everything else goes only to the file.
+NOTEWORTHY = re.compile(
+    r"\b(WARNING|ERROR|CRITICAL|FATAL)\b|\"level\": \"(warning|error|critical)\"|^Traceback"
+)
+# Development noise that is not the user's to fix: Celery's advice against running as root
+# (containers run as root) is a warning on every start.
+NOT_NOTEWORTHY = re.compile(r"superuser privileges|absolutely not recommended|uid=0")
+
+
+def noteworthy(line: str) -> bool:
+    """Whether a child's output line belongs in the terminal as well as in its log file."""
+    return bool(NOTEWORTHY.search(line)) and not NOT_NOTEWORTHY.search(line)
+
+
+def spawn_logged(name: str, argv: list[str], env: dict[str, str], log: Path) -> Child:
+    """A child whose whole output goes to ``log``; only warnings and errors also reach the
+    terminal, prefixed with its name, so the banner is not scrolled away by INFO lines."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    process = subprocess.Popen(  # noqa: S603
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    threading.Thread(target=_relay, args=(name, process, log), daemon=True).start()
+    return Child(name, process)
+
+
+def _relay(name: str, process: subprocess.Popen[bytes], log: Path) -> None:
+    assert process.stdout is not None
+    with log.open("ab") as output:
+        for raw in process.stdout:
+            output.write(raw)
+            output.flush()
+            line = raw.decode(errors="replace").rstrip()
+            if noteworthy(line):
+                print(f"[{name}] {line}", file=sys.stderr, flush=True)
 
 
 def _signal_group(child: Child, signum: int) -> None:

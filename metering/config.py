@@ -6,7 +6,10 @@ CLI each call :func:`load_settings` once and hand the result to the use cases.
 
 from __future__ import annotations
 
+import json
+import os
 from functools import lru_cache
+from pathlib import Path
 from typing import Literal
 
 from pydantic import AliasChoices, Field
@@ -242,3 +245,78 @@ def require_strong_pepper(settings: Settings) -> None:
 def load_settings() -> Settings:
     """Read the environment once per process."""
     return Settings()
+
+
+# --- a running `fairmeter up` ---------------------------------------------------------------
+
+DEFAULT_STATE_DIR = Path(".fairmeter")
+UP_STATE_FILE = "up.json"
+# What `fairmeter up` resolved and its children were given; a CLI command run beside it needs
+# the same to reach that instance (the pepper too: a key created under another is useless).
+UP_STATE_FIELDS = (
+    "database_url",
+    "redis_url",
+    "key_pepper",
+    "stripe_api_base",
+    "stripe_webhook_secret",
+    "stripe_thin_webhook_secret",
+)
+
+
+def write_up_state(state_dir: Path, settings: Settings, *, pid: int) -> Path:
+    """Record, for CLI commands run from the same checkout, where ``fairmeter up`` serves.
+
+    Owner-only (it holds the pepper); replaced atomically so a reader never sees half of it.
+    """
+    path = state_dir / UP_STATE_FILE
+    values = {name: getattr(settings, name) for name in UP_STATE_FIELDS}
+    partial = path.with_suffix(".tmp")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump({"pid": pid, "settings": values}, handle)
+    partial.replace(path)
+    return path
+
+
+def remove_up_state(state_dir: Path) -> None:
+    (state_dir / UP_STATE_FILE).unlink(missing_ok=True)
+
+
+def _process_alive(pid: int) -> bool:
+    if pid <= 0:  # 0 and -1 would signal whole groups
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process, but alive
+    return True
+
+
+def running_up_values(state_dir: Path) -> dict[str, str]:
+    """The settings a live ``fairmeter up`` recorded in ``state_dir``; empty when none runs.
+
+    A file left by a launcher that was killed names servers that are gone: ignored.
+    """
+    try:
+        recorded = json.loads((state_dir / UP_STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(recorded, dict) or not _process_alive(int(recorded.get("pid", 0))):
+        return {}
+    values = recorded.get("settings", {})
+    return {k: v for k, v in values.items() if k in UP_STATE_FIELDS and isinstance(v, str)}
+
+
+@lru_cache(maxsize=1)
+def load_cli_settings(state_dir: Path = DEFAULT_STATE_DIR) -> Settings:
+    """The CLI's settings: the environment's, and for what it leaves unset, those of the
+    ``fairmeter up`` running from this directory, so the README's commands typed in a second
+    terminal reach the embedded database, Redis and Stripe emulator with nothing to export."""
+    settings = Settings()
+    given = {name for name in settings.model_fields_set if getattr(settings, name)}
+    if "stripe_api_key" in given:  # the real Stripe: never mix in the emulator's address
+        given |= {"stripe_api_base", "stripe_webhook_secret"}
+    fill = {k: v for k, v in running_up_values(state_dir).items() if k not in given}
+    return settings.model_copy(update=fill) if fill else settings

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+from pathlib import Path
 from types import FrameType
 
 import click
@@ -25,12 +26,19 @@ from devtools.stripe_emulator.server import EmulatorServer
     type=(click.Choice(["snapshot", "thin"]), str, str),
     help="An event destination for generated events (repeatable).",
 )
+@click.option(
+    "--state-file",
+    default=None,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Keep meters, customers and meter events here across restarts (default: forget).",
+)
 def stripe_emulator(
     host: str,
     port: int,
     webhook_url: str | None,
     webhook_secret: str | None,
     destination_specs: tuple[tuple[str, str, str], ...],
+    state_file: Path | None,
 ) -> None:
     """Serve an in-memory Stripe (meters, meter events, customers, invoices, credit notes,
     webhooks) for local runs."""
@@ -46,9 +54,20 @@ def stripe_emulator(
         server.request_stop()
 
     signal.signal(signal.SIGTERM, _stop)
+    keeper = None
+    if state_file is not None:
+        from devtools.stripe_emulator import persistence
+
+        restored = persistence.load(server.state, state_file)
+        click.echo(f"restored {restored} customer(s) from {state_file}")
+        keeper = persistence.Keeper(server.state, state_file)
     click.echo(server.url, nl=True)
-    with contextlib.suppress(KeyboardInterrupt):
-        server.serve_forever()
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            server.serve_forever()
+    finally:
+        if keeper is not None:
+            keeper.close()
 
 
 if __name__ == "__main__":

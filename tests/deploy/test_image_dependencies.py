@@ -51,6 +51,9 @@ RUNTIME_ALLOW_LIST = frozenset(
         "msgspec",
         "multidict",
         "multipart",
+        # Redoc's bundle for /schema, served by the app itself: the docs work offline and
+        # under a CSP that admits no CDN (issue #15 §4). Static files only, no dependencies.
+        "openapi-ui-bundles",
         "packaging",
         "polyfactory",
         "prometheus-client",

@@ -1,8 +1,8 @@
-"""Headless Chromium (Debian's package) driven by Playwright for Python."""
+"""Headless Chromium driven by Playwright for Python: the OS package's when there is one, else
+Playwright's own build (``make test`` installs one of them when neither is there)."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,19 +11,24 @@ import pytest
 
 from tests.helpers import ROOT
 
-CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = ROOT / "test-artifacts"
 
 
 @pytest.fixture(scope="session")
 def browser() -> Iterator[Any]:
-    if not shutil.which(CHROMIUM):
-        pytest.fail("Debian's chromium is required for browser tests (apt-get install chromium)")
+    from devtools.chromium import playwright_chromium, system_chromium
+
+    executable = system_chromium() or playwright_chromium()
+    if executable is None:
+        pytest.fail(
+            "no Chromium for the browser tests: `make test` installs it (or run "
+            "`uv run python -m devtools.chromium`)"
+        )
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
         instance = playwright.chromium.launch(
-            executable_path=CHROMIUM,
+            executable_path=executable,
             headless=True,
             args=[
                 "--no-sandbox",

@@ -2,7 +2,12 @@
 
 Start the launcher with no DATABASE_URL / REDIS_URL / STRIPE_API_KEY, let its demo traffic
 settle and reach the Stripe emulator, ingest one usage event with the printed demo key, read
-the runs back, press Ctrl-C, and check that every process it started is gone.
+the runs back, run the README's CLI commands as from a second terminal, press Ctrl-C, and
+check that every process it started is gone.
+
+The launcher runs in a directory of its own standing for the user's checkout (its default
+state folder ``.fairmeter`` lands there, not in the repository another `make up` may use);
+the CLI commands run in that same directory with no configuration in their environment.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
 
@@ -27,7 +32,6 @@ import pytest
 from metering.policy.status import AGENT_RUNNING
 from metering.prices import read_catalog_file
 from metering.pricing import PriceCatalog, TokenCounts
-from tests.helpers import ROOT
 from tests.helpers.events import STRUCTURED, auth, usage
 from tests.helpers.processes import free_port
 
@@ -77,9 +81,20 @@ class Output:
 
 
 def launcher_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in CONFIG_VARIABLES}
-    env["FAIRMETER_LOG_LEVEL"] = "WARNING"
-    return env
+    return {k: v for k, v in os.environ.items() if k not in CONFIG_VARIABLES}
+
+
+def second_terminal(checkout: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``uv run fairmeter <args>`` typed by the user beside `make up`: nothing exported."""
+    return subprocess.run(
+        [sys.executable, "-m", "cli", *args],
+        cwd=checkout,
+        env=launcher_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def started_processes(launcher: psutil.Process, pgdata: Path) -> list[psutil.Process]:
@@ -114,6 +129,7 @@ class Launch:
     output: Output
     port: int
     pgdata: Path
+    checkout: Path
     started: list[psutil.Process] = field(default_factory=list)
 
     def record_started(self) -> list[psutil.Process]:
@@ -138,11 +154,11 @@ class Launch:
 
 @pytest.fixture
 def launch(tmp_path: Path) -> Iterator[Launch]:
-    state_dir = tmp_path / "state"
+    state_dir = tmp_path / ".fairmeter"  # the default, relative to where `make up` runs
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli", "up", "--port", str(port), "--state-dir", str(state_dir)],
-        cwd=ROOT,
+        [sys.executable, "-m", "cli", "up", "--port", str(port)],
+        cwd=tmp_path,
         env=launcher_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -150,7 +166,7 @@ def launch(tmp_path: Path) -> Iterator[Launch]:
         start_new_session=True,  # a group of its own, like a shell job, for Ctrl-C
     )
     assert proc.stdout is not None
-    launch = Launch(proc, Output(proc.stdout), port, state_dir / "pg")
+    launch = Launch(proc, Output(proc.stdout), port, state_dir / "pg", tmp_path)
     try:
         yield launch
     finally:
@@ -177,7 +193,8 @@ def wait_for_meter_events(url: str, customers: int) -> dict[str, Any]:
 
 def test_make_up_serves_an_event_and_ctrl_c_leaves_no_process_behind(launch):
     proc, output, port = launch.proc, launch.output, launch.port
-    output.wait_for(r"^(Fairmeter is up)\.$", proc, START_TIMEOUT_S)
+    # The summary comes last, after the demo, so it is what the terminal shows.
+    output.wait_for(r"^(Fairmeter is up)\.$", proc, START_TIMEOUT_S + DEMO_TIMEOUT_S)
     base = output.wait_for(r"^\s+API: (\S+)$", proc, 5)
     assert base == f"http://127.0.0.1:{port}"
     assert output.wait_for(r"^\s+OpenAPI docs: (\S+)$", proc, 5) == f"{base}/schema"
@@ -233,6 +250,9 @@ def test_make_up_serves_an_event_and_ctrl_c_leaves_no_process_behind(launch):
     assert run.json()["status"] == AGENT_RUNNING
     assert run.json()["gross_micros"] == priced.total_micros
 
+    assert_the_readme_cli_reaches_this_instance(launch, base)
+    assert_the_terminal_shows_the_summary_last_and_no_info_lines(launch)
+
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
     try:
         code = proc.wait(timeout=STOP_TIMEOUT_S)
@@ -244,3 +264,43 @@ def test_make_up_serves_an_event_and_ctrl_c_leaves_no_process_behind(launch):
     while (left := [p for p in started if alive(p)]) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left, f"left running after Ctrl-C: {describe(left)}"
+
+
+def assert_the_readme_cli_reaches_this_instance(launch: Launch, base: str) -> None:
+    """Issue #15 item 2: `fairmeter keys create` and `fairmeter stripe drift`, typed in a second
+    terminal, reach the embedded database (under the same pepper) and the Stripe emulator."""
+    created = second_terminal(
+        launch.checkout, "keys", "create", "--tenant", "acme", "--scope", "ingest"
+    )
+    assert created.returncode == 0, created.stderr
+    key = created.stdout.strip().splitlines()[-1]
+    body = usage(run="cli-key-run", customer="cust-7", input_tokens=10, output_tokens=5)
+    with httpx.Client(base_url=base, timeout=10) as client:
+        posted = client.post("/v1/events", json=body, headers=auth(key, **STRUCTURED))
+    assert posted.status_code == 200, posted.text
+
+    today = datetime.now(UTC).date()
+    drift = second_terminal(
+        launch.checkout,
+        *("stripe", "drift", "--tenant", "demo", "--customer", "demo-customer"),
+        *("--from", str(today - timedelta(days=1)), "--to", str(today + timedelta(days=1))),
+    )
+    assert drift.returncode in (0, 1), drift.stderr  # 1: differences found, still answered
+    # It printed its comparison: the emulator answered the summaries (no APIConnectionError).
+    assert "difference(s)" in drift.stdout, drift.stderr
+
+
+def assert_the_terminal_shows_the_summary_last_and_no_info_lines(launch: Launch) -> None:
+    """Issue #15 item 6: the processes log to files under the state folder; the terminal has
+    the summary block after the demo and no INFO chatter."""
+    lines = launch.output.lines
+    summary = max(i for i, line in enumerate(lines) if line == "Fairmeter is up.")
+    demo = max(i for i, line in enumerate(lines) if line.startswith("Demo: "))
+    assert summary > demo, "\n".join(lines)
+    chatter = [line for line in lines if re.search(r"\bINFO\b|\"level\": \"info\"", line)]
+    assert not chatter, "\n".join(chatter[:20])
+    assert not [line for line in lines if "superuser privileges" in line]
+    logs = launch.pgdata.parent / "logs"
+    for name in ("worker", "beat"):  # the API logs only warnings: its file may be empty
+        assert (logs / f"{name}.log").stat().st_size > 0, f"nothing in {logs / name}.log"
+    assert "celery@" in (logs / "worker.log").read_text()
