@@ -182,14 +182,15 @@ def record_deliveries(
             status = CASE WHEN u.last AND o.status = 'pending' THEN 'sent' ELSE o.status END,
             completed_at = CASE WHEN u.last THEN %s ELSE o.completed_at END,
             claimed_until = CASE WHEN u.last THEN NULL ELSE o.claimed_until END
-        FROM unnest(%s::bigint[], %s::int[], %s::bool[]) AS u(id, next, last)
-        WHERE o.id = u.id
+        FROM unnest(%s::bigint[], %s::int[], %s::bool[], %s::int[]) AS u(id, next, last, gen)
+        WHERE o.id = u.id AND o.generation = u.gen  -- a row re-planned meanwhile starts over
         """,
         (
             now,
             list(progress),
             [d.index + 1 for d in progress.values()],
             [d.last for d in progress.values()],
+            [d.item.generation for d in progress.values()],
         ),
     )
 
