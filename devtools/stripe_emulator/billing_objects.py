@@ -123,6 +123,8 @@ class Destination:
     style: str  # "snapshot" (v1 events) or "thin" (v2 notifications)
     name: str | None = None
     types: list[str] | None = None  # None: every event of its style
+    # Snapshot events are rendered in the endpoint's API version (None: the account default).
+    api_version: str | None = None
 
     def wants(self, style: str, event_type: str) -> bool:
         return self.style == style and (self.types is None or event_type in self.types)

@@ -181,6 +181,12 @@ class StripeGateway:
             for s in page.auto_paging_iter()
         ]
 
+    def retrieve_invoice(self, invoice_id: str) -> dict[str, Any]:
+        """The invoice as the pinned API version renders it."""
+        self._limiter.acquire()
+        invoice: dict[str, Any] = self._client.v1.invoices.retrieve(invoice_id).to_dict()
+        return invoice
+
     def invoice_for(self, customer: str, moment: datetime) -> InvoiceView | None:
         """The customer's subscription invoice whose period holds ``moment``, if any."""
         self._limiter.acquire()
