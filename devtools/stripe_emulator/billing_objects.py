@@ -11,6 +11,21 @@ from typing import Any
 
 
 @dataclass
+class Price:
+    """A price; a metered one names the meter it bills (``recurring[meter]``)."""
+
+    id: str
+    currency: str
+    unit_amount_decimal: str
+    product: str
+    created: int
+    interval: str = "month"
+    usage_type: str = "metered"
+    meter: str | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
 class Subscription:
     """What a customer is billed for: every meter (or ``meters``) at one price and currency."""
 
@@ -28,6 +43,8 @@ class Subscription:
 class InvoiceLine:
     id: str
     meter: str
+    price: str  # how Stripe ties the line to its meter: the price's recurring[meter]
+    product: str
     quantity: int
     unit_amount_minor: int
     period_start: int
@@ -106,6 +123,8 @@ class Destination:
     style: str  # "snapshot" (v1 events) or "thin" (v2 notifications)
     name: str | None = None
     types: list[str] | None = None  # None: every event of its style
+    # Snapshot events are rendered in the endpoint's API version (None: the account default).
+    api_version: str | None = None
 
     def wants(self, style: str, event_type: str) -> bool:
         return self.style == style and (self.types is None or event_type in self.types)
@@ -122,6 +141,7 @@ class Book:
     invoices: dict[str, Invoice] = field(default_factory=dict)
     invoice_by_period: dict[tuple[str, int], str] = field(default_factory=dict)
     credit_notes: dict[str, CreditNote] = field(default_factory=dict)
+    prices: dict[str, Price] = field(default_factory=dict)
     destinations: list[Destination] = field(default_factory=list)
     # (style, event payload): queued until delivered, never delivered from an API request.
     outbox: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
@@ -132,6 +152,7 @@ class Book:
             "subscriptions": [asdict(sub) for sub in self.subscriptions.values()],
             "invoices": [_invoice_row(invoice) for invoice in self.invoices.values()],
             "credit_notes": [asdict(note) for note in self.credit_notes.values()],
+            "prices": [asdict(price) for price in self.prices.values()],
             "destinations": [dest.describe() for dest in self.destinations],
             "pending_deliveries": [event["id"] for _, event in self.outbox],
             "event_deliveries": list(self.event_deliveries),

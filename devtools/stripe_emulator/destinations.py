@@ -23,7 +23,9 @@ _FLUSH_LOCK = threading.Lock()
 
 
 def add_destination(state: EmulatorState, spec: dict[str, Any]) -> dict[str, Any]:
-    """Register a destination from ``{"url", "secret", "style", "name"?, "types"?}``."""
+    """Register a destination from ``{"url", "secret", "style", "name"?, "types"?,
+    "api_version"?}``; a snapshot destination's events carry its ``api_version`` ("Handle
+    webhook versioning": an endpoint has its own version or the account's default)."""
     url, secret, style = spec.get("url"), spec.get("secret"), spec.get("style")
     if not isinstance(url, str) or not isinstance(secret, str) or not url or not secret:
         raise ValueError("a destination needs 'url' and 'secret' (strings)")
@@ -34,7 +36,10 @@ def add_destination(state: EmulatorState, spec: dict[str, Any]) -> dict[str, Any
         isinstance(types, list) and all(isinstance(t, str) for t in types)
     ):
         raise ValueError("'types' must be a list of event types")
-    destination = Destination(new_id("we"), url, secret, style, spec.get("name"), types)
+    version = spec.get("api_version")
+    if version is not None and not isinstance(version, str):
+        raise ValueError("'api_version' must be a string")
+    destination = Destination(new_id("we"), url, secret, style, spec.get("name"), types, version)
     with state.lock:
         state.book.destinations.append(destination)
     return destination.describe()
@@ -62,6 +67,9 @@ def flush(state: EmulatorState) -> list[dict[str, Any]]:
 def _deliver(
     state: EmulatorState, destination: Destination, event: dict[str, Any]
 ) -> dict[str, Any]:
+    if destination.style == "snapshot" and destination.api_version is not None:
+        # Only the stamp changes: the emulator renders objects in its one API version.
+        event = {**event, "api_version": destination.api_version}
     payload = json.dumps(event, separators=(",", ":"))
     header = webhooks.signature_header(payload, destination.secret)
     outcome: dict[str, Any] = {

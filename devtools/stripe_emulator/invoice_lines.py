@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from devtools.stripe_emulator.billing_objects import Invoice, InvoiceLine
 from devtools.stripe_emulator.meters import aggregate
+from devtools.stripe_emulator.prices import metered_price
 from devtools.stripe_emulator.state import EmulatorState
 
 
 def usage_lines(state: EmulatorState, invoice: Invoice, at: int) -> list[InvoiceLine]:
-    """One line per billed meter: its aggregate over the period as Stripe held it at ``at``."""
+    """One line per billed meter, under its metered price: the meter's aggregate over the
+    period as Stripe held it at ``at``."""
     meter_ids = invoice.meters if invoice.meters is not None else list(state.meters)
     lines = []
     for meter_id in meter_ids:
@@ -18,10 +20,15 @@ def usage_lines(state: EmulatorState, invoice: Invoice, at: int) -> list[Invoice
             for event in state.events_by_series.get((meter_id, invoice.customer), ())
             if invoice.period_start <= event.timestamp < invoice.period_end and event.counts_at(at)
         ]
+        price = state.book.prices[
+            metered_price(state, meter_id, invoice.currency, invoice.unit_amount_minor)
+        ]
         lines.append(
             InvoiceLine(
                 id=f"il_{invoice.id[3:]}_{meter_id[4:12]}",
                 meter=meter_id,
+                price=price.id,
+                product=price.product,
                 # Stripe bills a negative cycle total (negative events allowed) as quantity 0.
                 quantity=max(0, aggregate(meter.formula, events)),
                 unit_amount_minor=invoice.unit_amount_minor,

@@ -84,8 +84,8 @@ def _render_line(invoice: Invoice, line: InvoiceLine) -> dict[str, Any]:
         "discounts": [],
         "invoice": invoice.id,
         "livemode": False,
-        # The emulator's own hint of which meter the line bills (Stripe links it via the price).
-        "metadata": {"meter": line.meter},
+        # Nothing here names the meter: Stripe links a line to it through the price.
+        "metadata": {},
         "parent": {
             "type": "subscription_item_details",
             "invoice_item_details": None,
@@ -94,17 +94,14 @@ def _render_line(invoice: Invoice, line: InvoiceLine) -> dict[str, Any]:
                 "proration": False,
                 "proration_details": {"credited_items": None},
                 "subscription": invoice.subscription,
-                "subscription_item": f"si_{line.meter[4:]}",
+                "subscription_item": f"si_{line.price[6:]}",
             },
         },
         "period": {"end": line.period_end, "start": line.period_start},
         "pretax_credit_amounts": [],
         "pricing": {
             "type": "price_details",
-            "price_details": {
-                "price": f"price_{line.meter[4:]}",
-                "product": f"prod_{line.meter[4:]}",
-            },
+            "price_details": {"price": line.price, "product": line.product},
             "unit_amount_decimal": str(line.unit_amount_minor),
         },
         "quantity": line.quantity,

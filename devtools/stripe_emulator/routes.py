@@ -7,7 +7,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from devtools.stripe_emulator import credit_notes, customers, invoicing, meter_events, meters
+from devtools.stripe_emulator import (
+    credit_notes,
+    customers,
+    invoicing,
+    meter_events,
+    meters,
+    prices,
+)
 from devtools.stripe_emulator.errors import resource_missing
 from devtools.stripe_emulator.forms import Params
 from devtools.stripe_emulator.state import EmulatorState, LockKey
@@ -104,6 +111,11 @@ ROUTES = [
         "POST",
         re.compile(rf"/v1/billing/meters/{_ID}/reactivate"),
         lambda c: meters.set_meter_status(c.state, c.args[0], active=True),
+    ),
+    Route("POST", re.compile(r"/v1/prices"), lambda c: prices.create_price(c.state, c.params)),
+    Route("GET", re.compile(r"/v1/prices"), lambda c: prices.list_prices(c.state, c.params)),
+    Route(
+        "GET", re.compile(rf"/v1/prices/{_ID}"), lambda c: prices.retrieve_price(c.state, c.args[0])
     ),
     Route("GET", re.compile(r"/v1/invoices"), lambda c: invoicing.list_invoices(c.state, c.params)),
     Route(

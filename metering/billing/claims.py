@@ -49,6 +49,7 @@ UPDATE stripe_outbox o SET claimed_until = %(until)s,
     first_attempt_at = COALESCE(o.first_attempt_at, %(now)s)  -- retries stay inside Stripe's window
 FROM picked, customers c
 WHERE o.id = picked.id AND c.tenant_id = o.tenant_id AND c.id = o.customer_id
+  AND o.status = 'pending'  -- re-checked after waiting on a row lock (an error report's)
 RETURNING o.id, o.tenant_id, o.customer_id, c.stripe_customer_id, o.run_id,
           o.decision_version, o.target_billed_micros, o.period, o.event_timestamp,
           o.plan, o.next_step, o.attempts, o.generation, o.first_attempt_at

@@ -29,6 +29,11 @@ class NoInvoice(Exception):
     """No invoice was ever made for the step's period: a credit note cannot be issued."""
 
 
+class NoMeteredLine(NoInvoice):
+    """The invoice has no line whose price bills our meter: the amount per unit is unknown,
+    and crediting another price's line would be wrong. Dead-lettered for an operator."""
+
+
 @dataclass(frozen=True, slots=True)
 class Issued:
     note_id: str
@@ -55,6 +60,8 @@ def issue(
         raise InvoiceNotFinal(f"waiting for the invoice of {moment.isoformat()} to be created")
     if invoice.status == "draft":
         raise InvoiceNotFinal(f"waiting for invoice {invoice.id} to be finalized")
+    if invoice.line_id is None:
+        raise NoMeteredLine(f"invoice {invoice.id} has no line priced on our meter")
     found = gateway.find_credit_note(invoice.id, step.identifier)
     if found is not None:
         return Issued(found[0], invoice.id, invoice.currency, found[1])

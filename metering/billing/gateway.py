@@ -107,6 +107,7 @@ class StripeGateway:
         # Stripe counts per account; all threads of a process share these buckets.
         self._limiter = limiter or shared_limiter(settings.stripe_rate_limit_per_s)
         self._meter_limiter = shared_limiter(settings.stripe_meter_event_rate_limit_per_s)
+        self._price_meters: dict[str, str | None] = {}
 
     def send_meter_event(
         self, *, identifier: str, customer: str, value: int, timestamp: datetime, key: str
@@ -180,6 +181,12 @@ class StripeGateway:
             for s in page.auto_paging_iter()
         ]
 
+    def retrieve_invoice(self, invoice_id: str) -> dict[str, Any]:
+        """The invoice as the pinned API version renders it."""
+        self._limiter.acquire()
+        invoice: dict[str, Any] = self._client.v1.invoices.retrieve(invoice_id).to_dict()
+        return invoice
+
     def invoice_for(self, customer: str, moment: datetime) -> InvoiceView | None:
         """The customer's subscription invoice whose period holds ``moment``, if any."""
         self._limiter.acquire()
@@ -192,12 +199,8 @@ class StripeGateway:
 
     def _view(self, invoice: Any) -> InvoiceView:
         data: dict[str, Any] = invoice.to_dict()
-        meter = self.meter_id()
         lines: list[dict[str, Any]] = (data.get("lines") or {}).get("data") or []
-        # The emulator names the meter on the line; Stripe links it through the price, and a
-        # Fairmeter subscription has one metered line.
-        ours = [ln for ln in lines if (ln.get("metadata") or {}).get("meter") == meter]
-        line = next(iter(ours or lines), None)
+        line = self._metered_line(lines, self.meter_id())
         unit = Decimal(0)
         if line is not None:
             pricing = line.get("pricing") or {}
@@ -210,6 +213,28 @@ class StripeGateway:
             line_id=None if line is None else str(line["id"]),
             unit_amount_minor=unit,
         )
+
+    def _metered_line(self, lines: list[dict[str, Any]], meter: str) -> dict[str, Any] | None:
+        """The invoice line that bills ``meter``. Stripe ties a usage line to its meter only
+        through the line's price (``pricing.price_details.price`` in the pinned API version,
+        whose ``recurring.meter`` names the meter: "Create a price"); a subscription may
+        have several prices, so the first line is not necessarily ours."""
+        for line in lines:
+            price = line_price(line)
+            if price is not None and self._price_meter(price) == meter:
+                return line
+        return None
+
+    def _price_meter(self, price: str | dict[str, Any]) -> str | None:
+        """The meter a price bills (None for a licensed price). A price's ``recurring`` cannot
+        change once created, so each price is retrieved once per gateway."""
+        if isinstance(price, dict):  # expanded
+            return (price.get("recurring") or {}).get("meter")
+        if price not in self._price_meters:
+            self._limiter.acquire()
+            recurring = self._client.v1.prices.retrieve(price).to_dict().get("recurring") or {}
+            self._price_meters[price] = recurring.get("meter")
+        return self._price_meters[price]
 
     def find_credit_note(self, invoice_id: str, identifier: str) -> tuple[str, int] | None:
         """(id, amount) of the credit note we issued as ``identifier`` on the invoice, if
@@ -262,6 +287,14 @@ class StripeGateway:
             options={"idempotency_key": f"{key}:{post_payment}"},
         )
         return str(note.id)
+
+
+def line_price(line: dict[str, Any]) -> str | dict[str, Any] | None:
+    """The price of an invoice line: ``pricing.price_details.price`` since API version
+    2025-03-31.basil; a top-level ``price`` object before it."""
+    details = (line.get("pricing") or {}).get("price_details") or {}
+    price = details.get("price") or line.get("price")
+    return price if isinstance(price, str | dict) else None
 
 
 def minor_amount(units: int, unit_amount_minor: Decimal) -> int:

@@ -27,9 +27,13 @@ class OutboxRow:
     event_timestamp: datetime
 
 
-def enqueue(conn: psycopg.Connection[Any], rows: Sequence[OutboxRow]) -> None:
+def enqueue(conn: psycopg.Connection[Any], rows: Sequence[OutboxRow], *, unit_micros: int) -> None:
     """Written in the settlement transaction. Older unsent versions of the same run are
-    superseded: the newest plan is computed from what Stripe actually received.
+    superseded: the newest plan is computed from what Stripe actually received, and the
+    carry the superseded rows' unsent steps took is given back (``unit_micros``: the meter
+    unit they were planned in), else Σ units × unit + carry = Σ micros drifts by up to a
+    unit each time. A row a live pusher still holds keeps its carry: its steps in flight
+    are sent and recorded all the same.
 
     A run's first decision cannot have older rows, so only re-decided runs are looked up
     (most of a sweep is first decisions; the lookup was ~11 µs of PostgreSQL per run).
@@ -38,13 +42,20 @@ def enqueue(conn: psycopg.Connection[Any], rows: Sequence[OutboxRow]) -> None:
         return
     redecided = [r.run_id for r in rows if r.decision_version > 1]
     if redecided:
-        conn.execute(
+        superseded = conn.execute(
             """
-            UPDATE stripe_outbox SET status = 'superseded', claimed_until = NULL
-            WHERE run_id = ANY(%(runs)s) AND status IN ('pending', 'waiting_customer')
+            WITH old AS (
+                SELECT id, claimed_until FROM stripe_outbox
+                WHERE run_id = ANY(%(runs)s) AND status IN ('pending', 'waiting_customer')
+                ORDER BY id FOR UPDATE
+            )
+            UPDATE stripe_outbox o SET status = 'superseded', claimed_until = NULL
+            FROM old WHERE o.id = old.id
+            RETURNING o.id, old.claimed_until IS NULL OR old.claimed_until <= now()
             """,
             {"runs": redecided},
-        )
+        ).fetchall()
+        _give_back_carries(conn, [row_id for row_id, idle in superseded if idle], unit_micros)
     # One JSON document, not an array per column (see ``repo.as_json``).
     conn.execute(
         """
@@ -182,14 +193,15 @@ def record_deliveries(
             status = CASE WHEN u.last AND o.status = 'pending' THEN 'sent' ELSE o.status END,
             completed_at = CASE WHEN u.last THEN %s ELSE o.completed_at END,
             claimed_until = CASE WHEN u.last THEN NULL ELSE o.claimed_until END
-        FROM unnest(%s::bigint[], %s::int[], %s::bool[]) AS u(id, next, last)
-        WHERE o.id = u.id
+        FROM unnest(%s::bigint[], %s::int[], %s::bool[], %s::int[]) AS u(id, next, last, gen)
+        WHERE o.id = u.id AND o.generation = u.gen  -- a row re-planned meanwhile starts over
         """,
         (
             now,
             list(progress),
             [d.index + 1 for d in progress.values()],
             [d.last for d in progress.values()],
+            [d.item.generation for d in progress.values()],
         ),
     )
 
@@ -289,6 +301,21 @@ def replan(conn: psycopg.Connection[Any], ids: Sequence[int], unit_micros: int) 
     identifiers; the carries their unsent steps had taken are given back."""
     if not ids:
         return 0
+    _give_back_carries(conn, ids, unit_micros)
+    result = conn.execute(
+        "UPDATE stripe_outbox SET status = 'pending', next_attempt_at = now(), attempts = 0, "
+        "plan = NULL, next_step = 0, generation = generation + 1, first_attempt_at = NULL, "
+        "claimed_until = NULL, completed_at = NULL WHERE id = ANY(%s)",
+        (list(ids),),
+    )
+    return result.rowcount
+
+
+def _give_back_carries(conn: psycopg.Connection[Any], ids: Sequence[int], unit_micros: int) -> None:
+    """Undo what rows ``ids``' unsent steps (``plan[next_step:]``) moved the carries by:
+    those steps will never be sent under this plan."""
+    if not ids:
+        return
     rows = conn.execute(
         "SELECT tenant_id, customer_id, period, plan, next_step FROM stripe_outbox "
         "WHERE id = ANY(%s) ORDER BY id FOR UPDATE",
@@ -304,13 +331,6 @@ def replan(conn: psycopg.Connection[Any], ids: Sequence[int], unit_micros: int) 
                 "WHERE tenant_id = %s AND customer_id = %s AND period = %s",
                 (effect.meter_micros, effect.credit_micros, tenant, customer, period),
             )
-    result = conn.execute(
-        "UPDATE stripe_outbox SET status = 'pending', next_attempt_at = now(), attempts = 0, "
-        "plan = NULL, next_step = 0, generation = generation + 1, first_attempt_at = NULL, "
-        "claimed_until = NULL, completed_at = NULL WHERE id = ANY(%s)",
-        (list(ids),),
-    )
-    return result.rowcount
 
 
 def billing_periods(

@@ -14,11 +14,19 @@ micros back out), and the run's latest row is either planned again or dead-lette
 
 Samples are capped, so the caller also compares what was sent in the window with Stripe's
 summaries (``service.unsampled_rejections``) and passes the identifiers that shows rejected.
+
+A report can arrive while a pusher is still sending the very row it names: the rejected
+call returned 200 but is not recorded yet, or later steps of the row are in flight. Applying
+it then would drop the rejection (no delivery to mark) or re-plan a row under a pusher that
+goes on recording the old plan. So the report is applied only under the lock of every row
+it touches, none of them claimed by a live pusher and every named event of ours recorded;
+otherwise it stays in the inbox and is handled on a later pass (``in_flight``).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -80,6 +88,45 @@ def meter_identifier(reported: str) -> str:
         if len(parts) == 4:
             return parts[3]
     return reported
+
+
+_OUR_IDENTIFIER = re.compile(r"run:(\d+):v\d+(?::g\d+)?")
+
+
+def in_flight(
+    conn: psycopg.Connection[Any], event: dict[str, Any], unsampled: Sequence[str], now: datetime
+) -> str | None:
+    """Why the report must wait for a pusher (None when it can be applied now). Locks the
+    outbox rows of the runs it names until the caller's transaction ends, so no pusher can
+    claim them between this check and the report's writes (a claim re-checks the status)."""
+    identifiers = {identifier for identifier, _ in sampled_errors(event)} | set(unsampled)
+    runs = sorted(
+        {int(m.group(1)) for i in identifiers if (m := _OUR_IDENTIFIER.fullmatch(i)) is not None}
+    )
+    if not runs:
+        return None
+    rows = conn.execute(
+        "SELECT id, claimed_until FROM stripe_outbox WHERE run_id = ANY(%s) "
+        "AND status = 'pending' ORDER BY id FOR UPDATE",
+        (runs,),
+    ).fetchall()
+    claimed = [row_id for row_id, until in rows if until is not None and until > now]
+    if claimed:
+        return f"rows {claimed} are being sent by a pusher"
+    recorded = {
+        r[0]
+        for r in conn.execute(
+            "SELECT identifier FROM stripe_deliveries WHERE kind = 'meter_event' "
+            "AND identifier = ANY(%s)",
+            (sorted(identifiers),),
+        ).fetchall()
+    }
+    unrecorded = sorted(
+        i for i in identifiers if i not in recorded and _OUR_IDENTIFIER.fullmatch(i) is not None
+    )
+    if unrecorded and rows:  # a pending row will still record (or resend) them
+        return f"{unrecorded[:3]} accepted by Stripe but not recorded yet"
+    return None
 
 
 def handle_report(

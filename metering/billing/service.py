@@ -48,6 +48,14 @@ def handle_webhooks(engine: Engine, settings: Settings) -> int:
         unsampled: list[str] = []
         if webhooks.needs_fetch(type_, payload):
             payload = StripeGateway(settings).fetch_event(event_id)
+        elif webhooks.foreign_version(type_, payload, settings.stripe_api_version):
+            invoice_id = str(payload["data"]["object"]["id"])
+            log.warning(
+                "stripe snapshot event in another API version; invoice read in ours",
+                extra={"event_id": event_id, "api_version": payload.get("api_version")},
+            )
+            invoice = StripeGateway(settings).retrieve_invoice(invoice_id)
+            payload = webhooks.with_object(payload, invoice)
         if type_ in webhooks.THIN_TYPES:
             unsampled = unsampled_rejections(engine, settings, payload)
         with raw_transaction(engine) as conn:

@@ -150,7 +150,11 @@ def settle_runs(
     repo.insert_decisions(conn, report.records)
     insert_entries(conn, entries)
     repo.mark_settled(conn, report.records, unchanged)
-    outbox.enqueue(conn, _billing_changes(due, report.records))
+    outbox.enqueue(
+        conn,
+        _billing_changes(due, report.records),
+        unit_micros=settings.stripe_meter_unit_micros,
+    )
     record_lines(conn, [line_change(record) for record in report.records], now)
     return report
 

@@ -1,0 +1,41 @@
+"""What one push round keeps beside its rows: the counts it reports and the claims it renews."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class PushReport:
+    sent_rows: int = 0
+    calls: int = 0
+    retried: int = 0
+    dead: int = 0
+    lease_lost: int = 0  # customers left because the lease was not renewed in time
+    errors: list[str] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, **counts: int) -> None:
+        with self._lock:
+            for name, value in counts.items():
+                setattr(self, name, getattr(self, name) + value)
+
+
+class HeldRows:
+    """The round's claimed rows it still renews: a customer's leave the set when its rows
+    are done with, whatever their state (a row released and claimed again by another
+    pusher is that pusher's to renew)."""
+
+    def __init__(self, ids: Iterable[int]) -> None:
+        self._ids = set(ids)
+        self._lock = threading.Lock()
+
+    def ids(self) -> list[int]:
+        with self._lock:
+            return sorted(self._ids)
+
+    def drop(self, ids: Iterable[int]) -> None:
+        with self._lock:
+            self._ids.difference_update(ids)
