@@ -314,3 +314,36 @@ def test_console_pages_are_styled_under_their_content_security_policy(
     page.goto(f"{live_server}/console/runs/no-such-run")
     assert page.locator("#error").evaluate("el => getComputedStyle(el).maxWidth") == "640px"
     assert violations == []
+
+
+@pytest.mark.parametrize("width", [1366, 420])
+def test_releasing_a_held_run_shows_one_proposal_and_words_that_agree(
+    live_server, browser, make_key, runs, db, width
+):
+    run = runs["held"]
+    proposed = db.execute(
+        "SELECT d.billed_micros FROM decisions d JOIN runs r ON r.id = d.run_id "
+        "WHERE r.subject = %s",
+        (run,),
+    ).fetchone()[0]
+    assert proposed > 0
+    context = browser.new_context(viewport={"width": width, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(WAIT_MS)
+    try:
+        sign_in(page, live_server, make_key(scope="support"))
+        page.goto(f"{live_server}/console/runs/{run}")
+        # The box and the confirm page name the same figure: the policy's proposal.
+        box = page.locator("#release-proposal").inner_text()
+        assert f"{format_usd(proposed)} USD billed" in box
+        page.fill("#release-reason", "Checked the logs: the client crashed.")
+        page.click("#release-review")
+        assert f"{format_usd(proposed)} USD billed" in page.locator("#confirm-summary").inner_text()
+        page.click("#confirm-yes")
+        page.wait_for_url(f"**/console/runs/{run}")
+        words = page.locator("#explanation .explanation").inner_text()
+        assert "held for review" not in words and "nothing is billed" not in words
+        assert "Support reviewed the run and released the hold." in words
+        assert page.locator("#money-billed").inner_text() == format_usd(proposed)
+    finally:
+        context.close()
