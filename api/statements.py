@@ -16,13 +16,13 @@ from litestar.datastructures import State
 from litestar.params import FromPath
 from litestar.response import Stream
 
+from api.amounts import usd_html
 from api.html_security import html_headers, new_nonce
 from api.openapi_docs import AUTHENTICATED, keys, problems
 from api.services import Services
 from api.wire import StatementLineReply, StatementReply, TotalsReply
 from metering.db import raw_transaction
 from metering.keys import Principal, Scope
-from metering.money import format_usd
 from metering.statements import query
 from metering.statements.render import csv_chunks, daily_chart_svg
 from metering.statements.service import StatementPage, authorize, build_query, statement_page
@@ -151,7 +151,7 @@ def _html(
     with raw_transaction(services.engine) as conn:
         days = query.daily(conn, statement)
     return TEMPLATES.get_template("statement.html").render(
-        page=page, chart=daily_chart_svg(page.period, days), usd=format_usd, csp_nonce=nonce
+        page=page, chart=daily_chart_svg(page.period, days), usd=usd_html, csp_nonce=nonce
     )
 
 

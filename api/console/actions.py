@@ -13,6 +13,7 @@ from litestar import Request, Response, post
 from litestar.datastructures import State
 from litestar.params import FromPath
 
+from api.amounts import usd_text as usd
 from api.console.forms import credit_from, required_text
 from api.console.pages import run_page_response
 from api.console.web import (
@@ -25,7 +26,6 @@ from api.console.web import (
     run_path,
     services_of,
     signed_in,
-    usd,
 )
 from api.services import Services
 from metering.db import raw_transaction

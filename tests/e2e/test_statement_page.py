@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from metering.money import format_usd
+import pytest
+
+from metering.money import display_usd
 from metering.settlement.runner import settle_due_now
+from tests.e2e.conftest import ARTIFACTS
 from tests.helpers.ingest import ingest
 from tests.helpers.scenarios import KINDS, scenario
 
@@ -36,7 +39,7 @@ def test_statement_page_in_a_real_browser(
     try:
         response = page.goto(f"{live_server}/v1/customers/cust-1/statements/{PERIOD}.html")
         assert response is not None and response.status == 200
-        assert page.locator("#total-billed").inner_text() == format_usd(int(totals))
+        assert page.locator("#total-billed").inner_text() == display_usd(int(totals))
         assert page.locator("#total-runs").inner_text() == "10"
         chart = page.locator("svg.daily-chart")
         assert chart.is_visible()
@@ -51,5 +54,56 @@ def test_statement_page_in_a_real_browser(
         )
         assert border == "solid"  # interrupted runs are visibly marked
         page.screenshot(path=str(artifacts / "statement.png"), full_page=True)
+    finally:
+        context.close()
+
+
+def _settled_statement(engine, settings, make_key) -> str:
+    start = NOW.replace(day=1, hour=1, minute=0, second=0, microsecond=0)
+    events = []
+    for i, kind in enumerate(sorted(KINDS)):
+        events += scenario(kind, f"run-{i}", "cust-1", start)
+    ingest(engine, settings, events)
+    settle_due_now(engine, settings, now=NOW)
+    return make_key(scope="customer", customer="cust-1")
+
+
+@pytest.mark.parametrize("width", [1366, 420])
+def test_statement_shows_held_and_never_rounds_money_to_zero(
+    live_server, browser, make_key, engine, settings, db, width
+):
+    key = _settled_statement(engine, settings, make_key)
+    context = browser.new_context(
+        extra_http_headers={"Authorization": f"Bearer {key}"},
+        viewport={"width": width, "height": 1000},
+    )
+    page = context.new_page()
+    try:
+        page.goto(f"{live_server}/v1/customers/cust-1/statements/{PERIOD}.html")
+
+        def micros(selector: str) -> int:
+            amount = page.locator(f"{selector} .usd")
+            return int(amount.get_attribute("data-micros") or "x")
+
+        gross, billed, credited, held = (
+            micros(f"#total-{name}") for name in ("gross", "billed", "credited", "held")
+        )
+        assert held > 0 and credited > 0
+        assert gross == billed + credited + held  # every dollar of usage is accounted for
+        assert page.locator("#total-held").is_visible()
+        # Nothing runs off the side of a phone: a wide table scrolls in its own box.
+        assert page.evaluate("document.documentElement.scrollWidth") <= width
+        # No amount a person reads is zero unless it is zero, and the tooltip is exact.
+        for amount in page.locator(".usd").all():
+            value = int(amount.get_attribute("data-micros") or "x")
+            shown = amount.inner_text()
+            assert (float(shown) == 0) == (value == 0), (shown, value)
+            assert f"({value:,} micro-USD)" in (amount.get_attribute("title") or "")
+        # The chart has a y-axis in USD: labels at zero and at the top.
+        ticks = page.locator("svg.daily-chart text.ytick")
+        assert ticks.count() == 3
+        assert ticks.first.text_content() == "0.00"
+        assert float(ticks.last.text_content() or "0") > 0
+        page.screenshot(path=str(ARTIFACTS / f"statement-{width}.png"), full_page=True)
     finally:
         context.close()
