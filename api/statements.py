@@ -85,7 +85,7 @@ async def get_statement(
         await to_thread.run_sync(_authorize, services, principal, customer)
         return Stream(
             _csv(services, statement),
-            media_type="text/csv; charset=utf-8",
+            media_type="text/csv",  # Litestar adds "; charset=utf-8" to text/*
             headers={"content-disposition": _attachment(customer, statement.period)},
         )
     page = await to_thread.run_sync(_page, services, principal, statement, now, cursor, limit)
@@ -93,7 +93,7 @@ async def get_statement(
         nonce = new_nonce()
         return Response(
             await to_thread.run_sync(_html, services, page, statement, nonce),
-            media_type="text/html; charset=utf-8",
+            media_type="text/html",
             headers=html_headers(nonce),
         )
     return Response(_json(page), media_type="application/json")
