@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import msgspec
 from anyio import to_thread
 from jinja2 import Environment, FileSystemLoader, select_autoescape
-from litestar import Request, Response, get
+from litestar import Request, Response, get, post
 from litestar.datastructures import State
 from litestar.params import FromPath
 from litestar.response import Stream
@@ -23,7 +24,7 @@ from api.services import Services
 from api.wire import StatementLineReply, StatementReply, TotalsReply
 from metering.db import raw_transaction
 from metering.keys import Principal, Scope
-from metering.statements import query
+from metering.statements import links, query
 from metering.statements.render import csv_chunks, daily_chart_svg
 from metering.statements.service import StatementPage, authorize, build_query, statement_page
 
@@ -62,16 +63,23 @@ async def get_statement(
     ended_to: date | None = None,
     cursor: str | None = None,
     limit: int = 100,
+    token: str | None = None,
 ) -> Response[Any]:
     """JSON by default; CSV for ``.csv`` or ``Accept: text/csv``; HTML for ``.html``.
+    Authorised by a key, or by ``token`` from a statement link support sent.
 
     The annotation is a Response so each branch sets its own media type."""
     services: Services = state.services
-    principal = services.authenticate(
-        request, Scope.CUSTOMER, Scope.SUPPORT, Scope.ADMIN, Scope.INGEST
-    )
     period, kind = _format(period, request.headers.get("accept", ""))
     now = datetime.now(UTC)
+    if token is not None:  # a signed link support sent: no header needed (issue #15)
+        principal = links.verify(
+            services.settings.key_pepper, token, customer=customer, period=period, now=now
+        )
+    else:
+        principal = services.authenticate(
+            request, Scope.CUSTOMER, Scope.SUPPORT, Scope.ADMIN, Scope.INGEST
+        )
     statement = build_query(
         principal,
         customer,
@@ -194,3 +202,38 @@ def _json(page: StatementPage) -> StatementReply:
         ],
         next_cursor=page.next_cursor,
     )
+
+
+class StatementLinkRequest(msgspec.Struct, forbid_unknown_fields=True):
+    period: str  # YYYY-MM or "current"
+
+
+class StatementLinkReply(msgspec.Struct):
+    url: str  # path and query: the customer opens it on this API's host
+    expires_at: datetime
+
+
+@post(
+    "/v1/support/customers/{customer:str}/statement-links",
+    status_code=201,
+    tags=["support"],
+    summary="A signed, expiring link a customer opens their statement with in a browser",
+    security=keys(Scope.SUPPORT, Scope.ADMIN),
+    responses=problems(*AUTHENTICATED, 404, 422),
+)
+async def create_statement_link(
+    request: Request[Any, Any, Any],
+    customer: FromPath[str],
+    data: StatementLinkRequest,
+    state: State,
+) -> StatementLinkReply:
+    services: Services = state.services
+    principal = services.authenticate(request, Scope.SUPPORT, Scope.ADMIN)
+    now = datetime.now(UTC)
+    period = query.parse_period(data.period, now)
+    await to_thread.run_sync(_authorize, services, principal, customer)
+    expires_at = now + timedelta(seconds=services.settings.statement_link_ttl_s)
+    grant = links.StatementGrant(principal.tenant_id, customer, period, expires_at)
+    token = links.sign(services.settings.key_pepper, grant)
+    path = f"/v1/customers/{quote(customer, safe='')}/statements/{period}.html"
+    return StatementLinkReply(url=f"{path}?token={token}", expires_at=expires_at)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import httpx
 import pytest
 
 from metering.money import display_usd
 from metering.settlement.runner import settle_due_now
+from metering.statements import links
 from tests.e2e.conftest import ARTIFACTS
 from tests.helpers.ingest import ingest
 from tests.helpers.scenarios import KINDS, scenario
@@ -107,3 +109,46 @@ def test_statement_shows_held_and_never_rounds_money_to_zero(
         page.screenshot(path=str(ARTIFACTS / f"statement-{width}.png"), full_page=True)
     finally:
         context.close()
+
+
+@pytest.mark.parametrize("width", [1366, 420])
+def test_a_customer_opens_their_statement_from_a_signed_link_in_a_browser(
+    live_server, browser, make_key, engine, settings, db, width
+):
+    _settled_statement(engine, settings, make_key)
+    support = make_key(scope="support")
+    made = httpx.post(
+        f"{live_server}/v1/support/customers/cust-1/statement-links",
+        json={"period": "current"},
+        headers={"authorization": f"Bearer {support}"},
+        timeout=30,
+    )
+    assert made.status_code == 201, made.text
+    link = made.json()["url"]
+    assert link.startswith(f"/v1/customers/cust-1/statements/{PERIOD}.html?token=")
+    context = browser.new_context(viewport={"width": width, "height": 900})  # no header
+    page = context.new_page()
+    try:
+        response = page.goto(f"{live_server}{link}")
+        assert response is not None and response.status == 200
+        assert page.locator("h1").inner_text() == f"Usage statement — {PERIOD}"
+        assert page.locator("#total-runs").inner_text() == "5"
+        # The link opens that statement only: another customer's, or a changed token, fail.
+        other = page.goto(f"{live_server}{link.replace('cust-1', 'cust-2', 1)}")
+        assert other is not None and other.status == 403
+        forged = page.goto(f"{live_server}{link[:-3]}abc")
+        assert forged is not None and forged.status == 401
+    finally:
+        context.close()
+
+
+def test_an_expired_statement_link_is_refused_with_a_reason(live_server, settings, db):
+    past = datetime.now(UTC) - timedelta(seconds=1)
+    token = links.sign(settings.key_pepper, links.StatementGrant("acme", "cust-1", PERIOD, past))
+    reply = httpx.get(
+        f"{live_server}/v1/customers/cust-1/statements/{PERIOD}.html",
+        params={"token": token},
+        timeout=30,
+    )
+    assert reply.status_code == 403
+    assert "expired" in reply.json()["detail"]
