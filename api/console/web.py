@@ -37,7 +37,8 @@ HTML = "text/html"  # Litestar adds the charset
 
 
 def when(moment: datetime | None) -> str:
-    return "—" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+    """A moment with its timezone named: a bare time is read as the reader's local one."""
+    return "—" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 TEMPLATES = Environment(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -430,3 +431,12 @@ def test_console_pages_fit_and_show_every_credited_micro_at_each_width(
         page.screenshot(path=str(artifacts / f"console-run-{width}.png"), full_page=True)
     finally:
         context.close()
+
+
+def test_every_time_in_the_console_names_its_timezone(live_server, page, make_key, runs):
+    sign_in(page, live_server, make_key(scope="support"))
+    for path in ("/console", f"/console/runs/{runs['held']}"):
+        page.goto(f"{live_server}{path}")
+        text = page.locator("main").inner_text()
+        times = re.findall(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: UTC)?", text)
+        assert times and all(t.endswith(" UTC") for t in times), (path, times)
