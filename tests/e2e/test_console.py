@@ -440,3 +440,26 @@ def test_every_time_in_the_console_names_its_timezone(live_server, page, make_ke
         text = page.locator("main").inner_text()
         times = re.findall(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: UTC)?", text)
         assert times and all(t.endswith(" UTC") for t in times), (path, times)
+
+
+def test_support_credits_a_run_from_the_console_without_a_dispute(
+    live_server, page, make_key, runs, db
+):
+    run = runs["confirmed"]
+    billed = db.execute("SELECT billed_micros FROM runs WHERE subject = %s", (run,)).fetchone()[0]
+    sign_in(page, live_server, make_key(scope="support"))
+    page.goto(f"{live_server}/console/runs/{run}")
+    page.check("#credit-amount")
+    page.fill("#amount_usd", "1.5")
+    page.fill("#credit-reason", "Goodwill for a slow run.")
+    page.click("#credit-review")
+    assert "You are about to credit 1.50 USD" in page.locator("#confirm-summary").inner_text()
+    page.click("#confirm-yes")
+    page.wait_for_url(f"**/console/runs/{run}")
+    assert "credited to run" in page.locator("#flash").inner_text()
+    assert page.locator("#money-credited").inner_text() == "1.50"
+    assert page.locator("#money-billed").inner_text() == format_usd(billed - 1_500_000)
+    audit = db.execute(
+        "SELECT count(*) FROM audit_log WHERE target_id = %s AND action = 'run.credit'", (run,)
+    ).fetchone()[0]
+    assert audit == 1
