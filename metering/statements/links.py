@@ -13,13 +13,17 @@ import base64
 import hashlib
 import hmac
 import json
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from metering.errors import forbidden, unauthenticated
+from metering.errors import FieldError, forbidden, unauthenticated, validation_error
 from metering.keys import Principal, Scope
 
 _PURPOSE = b"fairmeter statement link v1"
+# base64url body, a dot, and a base64url SHA-256 (43 characters): anything else was not
+# made by ``sign`` and is a malformed value (422), not a failed signature (401).
+TOKEN = re.compile(r"[A-Za-z0-9_-]{1,1000}\.[A-Za-z0-9_-]{43}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +51,13 @@ def sign(pepper: str, grant: StatementGrant) -> str:
 
 
 def verify(pepper: str, token: str, *, customer: str, period: str, now: datetime) -> Principal:
-    """The customer principal ``token`` grants for this statement; 401 for a token that is
-    not ours, 403 for one that has expired or names another customer or period."""
+    """The customer principal ``token`` grants for this statement; 422 for a malformed
+    token, 401 for one that is not ours, 403 for one that has expired or names another
+    customer or period."""
+    if not TOKEN.fullmatch(token):
+        raise validation_error(
+            [FieldError("$.token", "invalid_token", "a statement link's token, as sent")]
+        )
     body, _, mac = token.partition(".")
     if not mac or not hmac.compare_digest(mac, _mac(pepper, body.encode())):
         raise unauthenticated("this statement link is not valid")

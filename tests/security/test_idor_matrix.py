@@ -104,6 +104,7 @@ def bodies(data: TenantData) -> dict[str, tuple[str, bytes]]:
         "DisputeRequest": as_json({"claim": "probe: give me their money"}),
         "CreditRequest": as_json({"full": True, "reason": "probe"}),
         "ReasonRequest": as_json({"reason": "probe"}),
+        "StatementLinkRequest": as_json({"period": "current"}),
         "POST /v1/events": ("application/cloudevents+json", json.dumps(event).encode()),
     }
 
