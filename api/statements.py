@@ -63,23 +63,16 @@ async def get_statement(
     ended_to: date | None = None,
     cursor: str | None = None,
     limit: int = 100,
-    token: str | None = None,
 ) -> Response[Any]:
     """JSON by default; CSV for ``.csv`` or ``Accept: text/csv``; HTML for ``.html``.
-    Authorised by a key, or by ``token`` from a statement link support sent.
 
     The annotation is a Response so each branch sets its own media type."""
     services: Services = state.services
     period, kind = _format(period, request.headers.get("accept", ""))
     now = datetime.now(UTC)
-    if token is not None:  # a signed link support sent: no header needed (issue #15)
-        principal = links.verify(
-            services.settings.key_pepper, token, customer=customer, period=period, now=now
-        )
-    else:
-        principal = services.authenticate(
-            request, Scope.CUSTOMER, Scope.SUPPORT, Scope.ADMIN, Scope.INGEST
-        )
+    principal = services.authenticate(
+        request, Scope.CUSTOMER, Scope.SUPPORT, Scope.ADMIN, Scope.INGEST
+    )
     statement = build_query(
         principal,
         customer,
@@ -235,5 +228,27 @@ async def create_statement_link(
     expires_at = now + timedelta(seconds=services.settings.statement_link_ttl_s)
     grant = links.StatementGrant(principal.tenant_id, customer, period, expires_at)
     token = links.sign(services.settings.key_pepper, grant)
-    path = f"/v1/customers/{quote(customer, safe='')}/statements/{period}.html"
-    return StatementLinkReply(url=f"{path}?token={token}", expires_at=expires_at)
+    return StatementLinkReply(url=f"/v1/statement-links/{token}", expires_at=expires_at)
+
+
+@get(
+    "/v1/statement-links/{token:str}",
+    summary="A customer's statement page, opened from a signed link (no key needed)",
+    tags=["statements"],
+    responses=problems(401, 403, 404, 422),
+)
+async def open_statement_link(token: FromPath[str], state: State) -> Response[Any]:
+    """The HTML statement a link grants: a browser cannot send an Authorization header
+    from a link, so the signed token in the path is the credential."""
+    services: Services = state.services
+    now = datetime.now(UTC)
+    grant = links.verify(services.settings.key_pepper, token, now=now)
+    principal = grant.principal()
+    statement = build_query(principal, grant.customer_id, grant.period, now=now)
+    page = await to_thread.run_sync(_page, services, principal, statement, now, None, 100)
+    nonce = new_nonce()
+    return Response(
+        await to_thread.run_sync(_html, services, page, statement, nonce),
+        media_type="text/html",
+        headers=html_headers(nonce),
+    )

@@ -37,6 +37,8 @@ PUBLIC = {
     ("GET", "/readyz"),
     ("GET", "/metrics"),
     ("POST", "/webhooks/stripe"),
+    # Authenticated by the HMAC token in its path, bound to one customer and period.
+    ("GET", "/v1/statement-links/{token}"),
 }
 # Tables whose rows belong to a tenant: A's must not change while others poke at them.
 TENANT_TABLES = (
@@ -90,6 +92,7 @@ def path_values(data: TenantData) -> dict[str, str]:
         "customer": data.customer,
         "period": datetime.now(UTC).strftime("%Y-%m"),
         "dispute_id": str(data.dispute_id),
+        "token": "not-a-link",
     }
 
 
