@@ -61,4 +61,6 @@ def metrics(state: State) -> Response[bytes]:
     except Exception:  # metrics must still answer while the database is down
         counts = {}
     body, content_type = render_metrics(counts)
-    return Response(body, media_type=content_type)
+    # Litestar appends "; charset=utf-8" to every text/* type: a second one would make the
+    # header ambiguous to strict parsers.
+    return Response(body, media_type=content_type.replace("; charset=utf-8", ""))

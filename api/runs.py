@@ -29,6 +29,7 @@ def run_reply(view: RunView) -> RunReply:
         billed_micros=view.billed_micros,
         credited_micros=view.credited_micros,
         held_micros=view.held_micros,
+        tentative_micros=view.tentative_micros,
         rule_ids=view.rule_ids,
         explanation=view.explanation,
         decisions=[_decision(d) for d in view.decisions],

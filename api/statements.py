@@ -4,26 +4,27 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import msgspec
 from anyio import to_thread
 from jinja2 import Environment, FileSystemLoader, select_autoescape
-from litestar import Request, Response, get
+from litestar import Request, Response, get, post
 from litestar.datastructures import State
 from litestar.params import FromPath
 from litestar.response import Stream
 
+from api.amounts import usd_html
 from api.html_security import html_headers, new_nonce
 from api.openapi_docs import AUTHENTICATED, keys, problems
 from api.services import Services
 from api.wire import StatementLineReply, StatementReply, TotalsReply
 from metering.db import raw_transaction
 from metering.keys import Principal, Scope
-from metering.money import format_usd
-from metering.statements import query
+from metering.statements import links, query
 from metering.statements.render import csv_chunks, daily_chart_svg
 from metering.statements.service import StatementPage, authorize, build_query, statement_page
 
@@ -67,11 +68,11 @@ async def get_statement(
 
     The annotation is a Response so each branch sets its own media type."""
     services: Services = state.services
+    period, kind = _format(period, request.headers.get("accept", ""))
+    now = datetime.now(UTC)
     principal = services.authenticate(
         request, Scope.CUSTOMER, Scope.SUPPORT, Scope.ADMIN, Scope.INGEST
     )
-    period, kind = _format(period, request.headers.get("accept", ""))
-    now = datetime.now(UTC)
     statement = build_query(
         principal,
         customer,
@@ -85,7 +86,7 @@ async def get_statement(
         await to_thread.run_sync(_authorize, services, principal, customer)
         return Stream(
             _csv(services, statement),
-            media_type="text/csv; charset=utf-8",
+            media_type="text/csv",  # Litestar adds "; charset=utf-8" to text/*
             headers={"content-disposition": _attachment(customer, statement.period)},
         )
     page = await to_thread.run_sync(_page, services, principal, statement, now, cursor, limit)
@@ -93,7 +94,7 @@ async def get_statement(
         nonce = new_nonce()
         return Response(
             await to_thread.run_sync(_html, services, page, statement, nonce),
-            media_type="text/html; charset=utf-8",
+            media_type="text/html",
             headers=html_headers(nonce),
         )
     return Response(_json(page), media_type="application/json")
@@ -151,7 +152,7 @@ def _html(
     with raw_transaction(services.engine) as conn:
         days = query.daily(conn, statement)
     return TEMPLATES.get_template("statement.html").render(
-        page=page, chart=daily_chart_svg(page.period, days), usd=format_usd, csp_nonce=nonce
+        page=page, chart=daily_chart_svg(page.period, days), usd=usd_html, csp_nonce=nonce
     )
 
 
@@ -193,4 +194,61 @@ def _json(page: StatementPage) -> StatementReply:
             for line in page.lines
         ],
         next_cursor=page.next_cursor,
+    )
+
+
+class StatementLinkRequest(msgspec.Struct, forbid_unknown_fields=True):
+    period: str  # YYYY-MM or "current"
+
+
+class StatementLinkReply(msgspec.Struct):
+    url: str  # path and query: the customer opens it on this API's host
+    expires_at: datetime
+
+
+@post(
+    "/v1/support/customers/{customer:str}/statement-links",
+    status_code=201,
+    tags=["support"],
+    summary="A signed, expiring link a customer opens their statement with in a browser",
+    security=keys(Scope.SUPPORT, Scope.ADMIN),
+    responses=problems(*AUTHENTICATED, 404, 422),
+)
+async def create_statement_link(
+    request: Request[Any, Any, Any],
+    customer: FromPath[str],
+    data: StatementLinkRequest,
+    state: State,
+) -> StatementLinkReply:
+    services: Services = state.services
+    principal = services.authenticate(request, Scope.SUPPORT, Scope.ADMIN)
+    now = datetime.now(UTC)
+    period = query.parse_period(data.period, now)
+    await to_thread.run_sync(_authorize, services, principal, customer)
+    expires_at = now + timedelta(seconds=services.settings.statement_link_ttl_s)
+    grant = links.StatementGrant(principal.tenant_id, customer, period, expires_at)
+    token = links.sign(services.settings.key_pepper, grant)
+    return StatementLinkReply(url=f"/v1/statement-links/{token}", expires_at=expires_at)
+
+
+@get(
+    "/v1/statement-links/{token:str}",
+    summary="A customer's statement page, opened from a signed link (no key needed)",
+    tags=["statements"],
+    responses=problems(401, 403, 404, 422),
+)
+async def open_statement_link(token: FromPath[str], state: State) -> Response[Any]:
+    """The HTML statement a link grants: a browser cannot send an Authorization header
+    from a link, so the signed token in the path is the credential."""
+    services: Services = state.services
+    now = datetime.now(UTC)
+    grant = links.verify(services.settings.key_pepper, token, now=now)
+    principal = grant.principal()
+    statement = build_query(principal, grant.customer_id, grant.period, now=now)
+    page = await to_thread.run_sync(_page, services, principal, statement, now, None, 100)
+    nonce = new_nonce()
+    return Response(
+        await to_thread.run_sync(_html, services, page, statement, nonce),
+        media_type="text/html",
+        headers=html_headers(nonce),
     )

@@ -42,7 +42,10 @@ class RunReply(msgspec.Struct):
     gross_micros: int
     billed_micros: int | None
     credited_micros: int | None
-    held_micros: int | None  # the whole gross while held for review, else 0
+    # gross = billed + credited + held at every moment: the whole gross while held for
+    # review, plus any usage that arrived after the decision in force.
+    held_micros: int | None
+    tentative_micros: int  # usage no decision has seen yet (late usage once re-opened)
     rule_ids: list[str]
     explanation: str | None
     decisions: list[DecisionReply]

@@ -148,6 +148,8 @@ class Settings(BaseSettings):
     # A month's statement closes this long after the month ends (late settlements of runs
     # that ended just before midnight still land in it); later changes go to the next one.
     period_close_delay_s: int = 24 * 3600
+    # How long a statement link support sends a customer opens the statement (issue #15).
+    statement_link_ttl_s: int = 7 * 24 * 3600
 
     # Support credits (issue #13): what support keys may give back without an admin. Both
     # limits are cumulative and count every credit already granted, by any key: a credit

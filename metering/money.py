@@ -40,3 +40,16 @@ def describe_usd(micros: int) -> str:
     if micros % 10_000 == 0:
         return format_usd(micros)
     return format_usd(micros, 6).rstrip("0")
+
+
+def display_usd(micros: int) -> str:
+    """Dollars on a page: cents from one dollar up, every digit needed below it.
+
+    Below a dollar, rounding to the cent is what hides money: a 0.0042 USD hold reads
+    0.00 and 0.174 = 0.166 + 0.008 reads 0.17 = 0.17 + 0.01. So nothing under a dollar is
+    rounded (``describe_usd``); above it, cents are what a person compares, and the page
+    gives the exact figure on hover.
+    """
+    if abs(micros) < MICROS_PER_USD:
+        return describe_usd(micros)
+    return format_usd(micros)

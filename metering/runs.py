@@ -13,7 +13,7 @@ from metering.errors import not_found
 from metering.keys import Principal, Scope
 from metering.policy import HELD_FOR_REVIEW
 from metering.policy.facts import EventFact
-from metering.policy.status import UNDER_REVIEW, live_status
+from metering.policy.status import RESETTLING, UNDER_REVIEW, live_status
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +43,7 @@ class RunView:
     billed_micros: int | None
     credited_micros: int | None
     held_micros: int | None
+    tentative_micros: int
     rule_ids: list[str]
     explanation: str | None
     decisions: list[DecisionView]
@@ -114,9 +115,12 @@ def get_run_view(conn: psycopg.Connection[Any], principal: Principal, subject: s
     facts = [EventFact(*e) for e in conn.execute(RUN_EVENTS, (run_id,)).fetchall()]
     decisions = [DecisionView(*d) for d in conn.execute(RUN_DECISIONS, (run_id,)).fetchall()]
     in_force = decisions[-1] if decisions else None
-    billed, credited, held = ledger_position(in_force)
+    reopened = decision_version > 0 and evidence_version > settled_version
+    billed, credited, held = ledger_position(in_force, int(gross))
     if parked_at is not None:
         status = UNDER_REVIEW
+    elif reopened:
+        status = RESETTLING
     elif in_force is not None:
         status = in_force.status
     else:
@@ -131,6 +135,7 @@ def get_run_view(conn: psycopg.Connection[Any], principal: Principal, subject: s
         billed_micros=billed,
         credited_micros=credited,
         held_micros=held,
+        tentative_micros=tentative_micros(in_force, int(gross)),
         rule_ids=in_force.rule_ids if in_force else [],
         explanation=in_force.explanation if in_force else None,
         decisions=decisions,
@@ -141,21 +146,37 @@ def get_run_view(conn: psycopg.Connection[Any], principal: Principal, subject: s
         last_received_at=received_at,
         terminal_at=terminal_at,
         attempts=max((int(f.data.get("attempt", 1)) for f in facts), default=1),
-        settled=decision_version > 0,
-        reopened=decision_version > 0 and evidence_version > settled_version,
+        # A re-opened run is not settled: its late usage waits for the next decision.
+        settled=decision_version > 0 and not reopened,
+        reopened=reopened,
         parked=parked_at is not None,
     )
 
 
-def ledger_position(decision: DecisionView | None) -> tuple[int | None, int | None, int | None]:
-    """(billed, credited, held) as the ledger and the statements have them.
+def ledger_position(
+    decision: DecisionView | None, gross_micros: int
+) -> tuple[int | None, int | None, int | None]:
+    """(billed, credited, held) as the ledger has them, summing to the run's gross.
 
     A run held for review (R7/R8) posts nothing until support resolves it, so its whole
     gross is held, not billed; the policy's provisional split stays visible in the decision
-    history. ``None`` for all three until the run is first settled (DESIGN §6).
+    history. Usage that arrived after the decision in force is held too (the ledger has its
+    holds and nothing posted against them) until the run settles again, so
+    ``gross = billed + credited + held`` at every moment. ``None`` for all three until the
+    run is first settled (DESIGN §6).
     """
     if decision is None:
         return None, None, None
     if decision.outcome == HELD_FOR_REVIEW:
-        return 0, 0, decision.gross_micros
-    return decision.billed_micros, decision.credited_micros, 0
+        billed, credited = 0, 0
+    else:
+        billed, credited = decision.billed_micros, decision.credited_micros
+    return billed, credited, gross_micros - billed - credited
+
+
+def tentative_micros(decision: DecisionView | None, gross_micros: int) -> int:
+    """Usage no decision has seen yet: all of it before the first settlement, afterwards
+    what late events added since the decision in force."""
+    if decision is None:
+        return gross_micros
+    return gross_micros - decision.gross_micros

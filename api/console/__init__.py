@@ -33,6 +33,7 @@ console_router = Router(
         actions.approve_dispute,
         actions.reject_dispute,
         actions.release_hold,
+        actions.credit_run,
     ],
     exception_handlers={
         NotSignedIn: not_signed_in_handler,

@@ -13,6 +13,7 @@ from litestar import Request, Response, post
 from litestar.datastructures import State
 from litestar.params import FromPath
 
+from api.amounts import usd_text as usd
 from api.console.forms import credit_from, required_text
 from api.console.pages import run_page_response
 from api.console.web import (
@@ -25,7 +26,6 @@ from api.console.web import (
     run_path,
     services_of,
     signed_in,
-    usd,
 )
 from api.services import Services
 from metering.db import raw_transaction
@@ -148,6 +148,45 @@ def plan_approve(conn: psycopg.Connection[Any], ask: Ask) -> Plan:
             f"Reason the customer will see: “{reason}”",
         ]
         + (["The run is held for review; approving also releases the hold."] if money.held else []),
+        button=f"Credit {usd(micros)} USD",
+        execute=execute,
+        warnings=warnings,
+        expect=f"{money.billed_micros}:{money.credited_micros}:{micros}",
+    )
+
+
+def plan_credit(conn: psycopg.Connection[Any], ask: Ask) -> Plan:
+    """A goodwill credit without a dispute: the console's face of ``POST …/credit``."""
+    credit = credit_from(ask.form)
+    reason = required_text(ask.form, "reason", "give the reason the customer will see")
+    principal, settings = ask.console.principal, ask.services.settings
+    run_id = find_run_id(conn, principal, ask.run)
+    money = service.locked_run_money(conn, run_id)
+    micros = credit.micros(money.billed_micros)
+    warnings = _credit_warnings(conn, ask, money, micros)
+
+    def execute(c: psycopg.Connection[Any]) -> str:
+        service.grant_credit(
+            c,
+            principal,
+            run_id,
+            credit,
+            reason=reason,
+            settings=settings,
+            now=ask.now,
+            action="run.credit",
+        )
+        return f"{_amount(micros)} credited to run {ask.run}."
+
+    return Plan(
+        title="Credit the run",
+        lines=[
+            f"You are about to credit {_amount(micros)} to run {ask.run}.",
+            f"Billed {usd(money.billed_micros)} USD → {usd(money.billed_micros - micros)} "
+            f"USD; credited {usd(money.credited_micros)} USD → "
+            f"{usd(money.credited_micros + micros)} USD.",
+            f"Reason the customer will see: “{reason}”",
+        ],
         button=f"Credit {usd(micros)} USD",
         execute=execute,
         warnings=warnings,
@@ -288,3 +327,10 @@ def release_hold(
     request: Request[Any, Any, Any], state: State, run: FromPath[str], data: Form
 ) -> Response[Any]:
     return _act(request, state, run, data, plan_release)
+
+
+@post("/runs/{run:str}/credit", sync_to_thread=True, status_code=200)
+def credit_run(
+    request: Request[Any, Any, Any], state: State, run: FromPath[str], data: Form
+) -> Response[Any]:
+    return _act(request, state, run, data, plan_credit)

@@ -18,8 +18,8 @@ from litestar.datastructures import Cookie, State
 from litestar.enums import RequestEncodingType
 from litestar.params import Body
 from litestar.response import Redirect
-from markupsafe import Markup
 
+from api.amounts import usd_html, usd_text
 from api.console import session
 from api.html_security import html_headers, new_nonce
 from api.services import Services
@@ -27,7 +27,7 @@ from metering.console_sessions import session_principal
 from metering.db import raw_transaction
 from metering.errors import MeteringError
 from metering.keys import Principal
-from metering.money import describe_usd, format_usd
+from metering.money import describe_usd
 
 log = logging.getLogger("fairmeter.console")
 
@@ -36,21 +36,9 @@ FLASH_COOKIE = "fm_console_flash"
 HTML = "text/html"  # Litestar adds the charset
 
 
-def usd(micros: int | None) -> str:
-    return "—" if micros is None else format_usd(micros)
-
-
-def money(micros: int | None) -> Markup:
-    """Two decimals on the page, every micro-dollar in the tooltip."""
-    if micros is None:
-        return Markup("—")
-    return Markup('<span class="usd" title="{} USD">{}</span>').format(
-        describe_usd(micros), format_usd(micros)
-    )
-
-
 def when(moment: datetime | None) -> str:
-    return "—" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+    """A moment with its timezone named: a bare time is read as the reader's local one."""
+    return "—" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 TEMPLATES = Environment(
@@ -60,8 +48,8 @@ TEMPLATES = Environment(
     lstrip_blocks=True,
 )
 TEMPLATES.filters.update(
-    usd=usd,
-    money=money,
+    usd=usd_text,
+    money=usd_html,
     exact_usd=describe_usd,
     when=when,
     url=lambda text: quote(str(text), safe=""),

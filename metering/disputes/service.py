@@ -67,23 +67,36 @@ class RunMoney:
     subject: str
     customer_id: str
     outcome: str | None
-    billed_micros: int  # what the decision in force bills (provisional while held)
+    gross_micros: int  # of the decision in force
+    billed_micros: int  # what the decision in force bills (the proposal while held)
     credited_micros: int
     held: bool
 
     def as_audit(self) -> dict[str, Any]:
+        """The ledger's position, as the run page and statements show it: a held run has
+        nothing billed yet, and the policy's proposal is named as one."""
+        if self.held:
+            return {
+                "outcome": self.outcome,
+                "billed_micros": 0,
+                "credited_micros": 0,
+                "held_micros": self.gross_micros,
+                "proposed_billed_micros": self.billed_micros,
+                "proposed_credited_micros": self.credited_micros,
+            }
         return {
             "outcome": self.outcome,
             "billed_micros": self.billed_micros,
             "credited_micros": self.credited_micros,
+            "held_micros": 0,
         }
 
 
 def run_money(conn: psycopg.Connection[Any], run_id: int) -> RunMoney:
     row = conn.execute(
         """
-        SELECT r.id, r.subject, r.customer_id, d.outcome, coalesce(d.billed_micros, 0),
-               coalesce(d.credited_micros, 0)
+        SELECT r.id, r.subject, r.customer_id, d.outcome, coalesce(d.gross_micros, 0),
+               coalesce(d.billed_micros, 0), coalesce(d.credited_micros, 0)
         FROM runs r LEFT JOIN decisions d ON d.run_id = r.id AND d.version = r.decision_version
         WHERE r.id = %s
         """,

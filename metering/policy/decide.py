@@ -5,7 +5,7 @@ from __future__ import annotations
 from metering.policy.cap import CapBreach, cap_breach
 from metering.policy.duplicates import RuleHit, line_rules
 from metering.policy.ending import Ending, EndingRuling, Verdict, rule_on_ending
-from metering.policy.explain import Amounts, explain
+from metering.policy.explain import Amounts, explain, explain_parts
 from metering.policy.facts import (
     CONFIRMED,
     HELD_FOR_REVIEW,
@@ -78,6 +78,7 @@ def _decision(
     if len(rules) > 1:
         rules.discard("R0")  # R0 is "anything else"
     evidence = ruling.evidence_ids.union(*(hit.evidence_ids for hit in hits))
+    story, closing = explain_parts(timeline, hits, ruling, automatic, breach)
     return Decision(
         outcome=outcome,
         gross_micros=automatic.gross_micros,
@@ -86,8 +87,9 @@ def _decision(
         credited_line_ids=tuple(sorted(credited_ids)),
         rule_ids=tuple(sorted(rules)),
         evidence_event_ids=tuple(sorted(evidence)),
-        explanation=explain(timeline, hits, ruling, automatic, breach),
+        explanation=" ".join(p for p in (story, closing) if p),
         status=status_for(ruling.ending, outcome, billed, credited),
+        story=story,
     )
 
 

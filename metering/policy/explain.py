@@ -153,6 +153,25 @@ def _closing(amounts: Amounts, ruling: EndingRuling, breach: CapBreach | None) -
     return f"{usd(amounts.billed_micros)} was billed and {usd(amounts.credited_micros)} credited."
 
 
+def explain_parts(
+    timeline: Timeline,
+    hits: tuple[RuleHit, ...],
+    ruling: EndingRuling,
+    amounts: Amounts,
+    breach: CapBreach | None,
+) -> tuple[str, str]:
+    """(story, closing): how the run ended and what R1–R3 credited, then the outcome in
+    amounts. Kept apart so support's actions can replace the closing (:func:`after_support`)
+    instead of contradicting it."""
+    opening = _opening(timeline, ruling)
+    refunded = ruling.verdict is Verdict.REFUND and breach is None
+    if refunded and amounts.gross_micros > 0:
+        # Everything is restored, so the duplicate-work details would only add noise.
+        return f"{opening[:-1]}; the full {usd(amounts.gross_micros)} was restored.", ""
+    story = " ".join([opening, *_credit_sentences(timeline, hits)])
+    return story, _closing(amounts, ruling, breach)
+
+
 def explain(
     timeline: Timeline,
     hits: tuple[RuleHit, ...],
@@ -161,10 +180,28 @@ def explain(
     breach: CapBreach | None,
 ) -> str:
     """Opening (how the run ended), what R1–R3 credited, then the outcome in amounts."""
-    opening = _opening(timeline, ruling)
-    refunded = ruling.verdict is Verdict.REFUND and breach is None
-    if refunded and amounts.gross_micros > 0:
-        # Everything is restored, so the duplicate-work details would only add noise.
-        return f"{opening[:-1]}; the full {usd(amounts.gross_micros)} was restored."
-    sentences = [opening, *_credit_sentences(timeline, hits), _closing(amounts, ruling, breach)]
-    return " ".join(sentences)
+    return " ".join(p for p in explain_parts(timeline, hits, ruling, amounts, breach) if p)
+
+
+def after_support(
+    story: str, amounts: Amounts, *, support_credit_micros: int, released: bool
+) -> str:
+    """The explanation once support has acted: the policy's story, what support did, and
+    the amounts the run ends with — the one closing, so no sentence says "held" or "all
+    billed" beside a release or a credit."""
+    acts = []
+    if released:
+        acts.append("Support reviewed the run and released the hold")
+    if support_credit_micros:
+        acts.append(f"support credited {usd(support_credit_micros)}")
+    did = _capitalised("; ".join(acts)) + "." if acts else ""
+    if amounts.credited_micros == 0:
+        result = f"All {usd(amounts.gross_micros)} of usage is billed."
+    elif amounts.billed_micros == 0:
+        result = f"The full {usd(amounts.gross_micros)} is credited."
+    else:
+        result = (
+            f"In all, {usd(amounts.billed_micros)} is billed and "
+            f"{usd(amounts.credited_micros)} credited."
+        )
+    return " ".join(p for p in (story, did, result) if p)

@@ -103,6 +103,9 @@ class Decision:
     evidence_event_ids: tuple[str, ...]
     explanation: str
     status: str
+    # The explanation without its closing sentence on the amounts: support's actions
+    # re-close it (``explain.after_support``) rather than append to a contradiction.
+    story: str = ""
 
     def __post_init__(self) -> None:
         # A broken money invariant must crash here, never reach the ledger.

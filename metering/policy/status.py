@@ -25,6 +25,10 @@ FAILED_RESTORED: Final = "Run failed — usage restored"
 FAILED_PARTIAL: Final = "Run failed — partially credited"
 FAILED_CHARGED: Final = "Run failed — charged"
 UNDER_REVIEW: Final = "Under review"
+# Not in DESIGN §2's table either: a settled run that events arrived for afterwards. What the
+# decision billed or credited stands, but the late usage is only held until the run settles
+# again, so "Under review" or the old outcome's words would claim a decision nobody made.
+RESETTLING: Final = "Late events arrived — settling again"
 
 # Evaluation order for events with the same timestamp: the run's own lifecycle first.
 _TYPE_ORDER = {

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from metering.money import describe_usd
 from metering.policy import HELD_FOR_REVIEW, Decision, UsageLine, outcome_for
 from metering.policy.ending import Ending
+from metering.policy.explain import Amounts, after_support
 from metering.policy.status import (
     CANCELLED,
     COMPLETED,
@@ -90,15 +90,18 @@ def apply_support(
         ending, FAILED_CHARGED
     )
     status = status_after(base_status if held else decision.status, billed, credited)
-    note = f" Support credited {describe_usd(credit)} USD." if credit else ""
-    if held:
-        note = " Support reviewed the run." + note
+    explanation = after_support(
+        decision.story,
+        Amounts(decision.gross_micros, billed, credited),
+        support_credit_micros=credit,
+        released=held,
+    )
     return replace(
         decision,
         outcome=outcome_for(billed, credited),
         billed_micros=billed,
         credited_micros=credited,
         status=status,
-        explanation=decision.explanation + note,
+        explanation=explanation,
         rule_ids=tuple(sorted({*decision.rule_ids, "S1"})),
     )

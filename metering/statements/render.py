@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator
 from datetime import date
 from html import escape
 
-from metering.money import format_usd
+from metering.money import describe_usd, display_usd, format_usd
 from metering.statements.query import StatementLine
 
 CSV_HEADER = [
@@ -91,31 +91,51 @@ def csv_chunks(lines: Iterable[StatementLine], rows_per_chunk: int = 500) -> Ite
     yield buffer.getvalue().encode()
 
 
+AXIS_MARGIN = 64  # room left of the bars for the y-axis labels
+
+
+def _y_axis(top_micros: int, base: float, scale: float, width: int) -> list[str]:
+    """Gridlines and USD labels at 0, half and the top value: a bar's height means an
+    amount only when the axis says which."""
+    parts = [f'<line x1="{AXIS_MARGIN}" y1="8" x2="{AXIS_MARGIN}" y2="{base}" class="axis"/>']
+    for fraction in (0, 0.5, 1):
+        value = round(top_micros * fraction)
+        y = round(base - value / top_micros * scale, 1)
+        parts.append(
+            f'<line x1="{AXIS_MARGIN}" y1="{y}" x2="{width}" y2="{y}" class="grid"/>'
+            f'<text x="{AXIS_MARGIN - 6}" y="{y + 3}" class="ytick" data-micros="{value}">'
+            f"{display_usd(value)}</text>"
+        )
+    return parts
+
+
 def daily_chart_svg(period: str, days: list[tuple[date, int, int]], width: int = 760) -> str:
-    """One pair of bars per day of the month: billed (dark) and restored (green)."""
+    """One pair of bars per day of the month: billed (dark) and restored (green), on a
+    y-axis in USD."""
     year, month = (int(p) for p in period.split("-"))
     count = calendar.monthrange(year, month)[1]
     by_day = {d.day: (billed, restored) for d, billed, restored in days if d.month == month}
     top = max([max(b, r) for b, r in by_day.values()] + [1])
-    height, base, slot = 180, 160, width / count
-    bars = []
+    height, base, slot = 180, 160, (width - AXIS_MARGIN) / count
+    scale = base - 10
+    bars = _y_axis(top, base, scale, width)
     for day in range(1, count + 1):
         billed, restored = by_day.get(day, (0, 0))
-        x = (day - 1) * slot
+        x = AXIS_MARGIN + (day - 1) * slot
         for offset, value, css in ((0.1, billed, "billed"), (0.5, restored, "restored")):
-            bar = round(value / top * (base - 10), 1)
+            bar = round(value / top * scale, 1)
             bars.append(
                 f'<rect class="bar {css}" data-day="{day}" x="{x + offset * slot:.1f}" '
                 f'y="{base - bar:.1f}" width="{slot * 0.38:.1f}" height="{bar}">'
-                f"<title>{escape(f'{period}-{day:02d}')}: {css} {format_usd(value)} USD</title>"
+                f"<title>{escape(f'{period}-{day:02d}')}: {css} {describe_usd(value)} USD</title>"
                 "</rect>"
             )
         if day == 1 or day % 5 == 0:
             bars.append(f'<text x="{x + slot / 2:.1f}" y="{height - 4}" class="tick">{day}</text>')
     return (
-        f'<svg class="daily-chart" role="img" aria-label="Billed and restored usage per day" '
-        f'viewBox="0 0 {width} {height}" width="100%" data-days="{count}">'
-        f'<line x1="0" y1="{base}" x2="{width}" y2="{base}" class="axis"/>'
+        f'<svg class="daily-chart" role="img" aria-label="Billed and restored usage per day, '
+        f'in USD" viewBox="0 0 {width} {height}" width="100%" data-days="{count}">'
+        f'<line x1="{AXIS_MARGIN}" y1="{base}" x2="{width}" y2="{base}" class="axis"/>'
         + "".join(bars)
         + "</svg>"
     )

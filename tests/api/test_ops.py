@@ -102,3 +102,9 @@ def test_the_served_app_freezes_its_start_up_heap_once_started(settings, db):
             assert gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
+
+
+def test_metrics_name_their_charset_once(client):
+    content_type = client.get("/metrics").headers["content-type"]
+    assert content_type.count("charset") == 1, content_type
+    assert content_type.startswith("text/plain; version=")

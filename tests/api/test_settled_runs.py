@@ -103,3 +103,42 @@ def test_cli_settles_due_runs(client, make_key, settings, db):
     assert done.returncode == 0, done.stderr
     assert "1 run(s) decided" in done.stdout
     assert db.execute("SELECT outcome FROM runs").fetchone() == ("confirmed",)
+
+
+def test_late_usage_is_held_and_tentative_so_a_reopened_run_always_adds_up(client, make_key):
+    ingest_key, support_key = make_key(), make_key(scope="support")
+    send(client, ingest_key, usage(step=1, time=at(1)))
+    held = settle_now(client, support_key).json()
+    assert held["outcome"] == "held_for_review"
+    send(client, ingest_key, usage(step=2, time=at(2)))  # late usage after the decision
+    for key in (support_key, make_key(scope="customer", customer="cust-1")):
+        run = client.get("/v1/runs/run-1", headers=auth(key)).json()
+        assert run["gross_micros"] == 2 * held["gross_micros"]
+        assert (
+            run["billed_micros"] + run["credited_micros"] + run["held_micros"]
+            == (run["gross_micros"])
+        )
+        assert run["tentative_micros"] == held["gross_micros"]
+        assert (run["reopened"], run["settled"]) == (True, False)
+        assert run["status"] == "Late events arrived — settling again"
+    resettled = settle_now(client, support_key).json()
+    assert resettled["settled"] is True and resettled["tentative_micros"] == 0
+    assert resettled["held_micros"] == resettled["gross_micros"]
+
+
+def test_late_usage_after_a_refund_is_held_not_hidden(client, make_key):
+    ingest_key, support_key = make_key(), make_key(scope="support")
+    send(
+        client,
+        ingest_key,
+        usage(step=1, time=at(1)),
+        event(type="run.failed", cause="server", time=at(3)),
+    )
+    refunded = settle_now(client, support_key).json()
+    send(client, ingest_key, usage(step=2, time=at(2)))
+    run = client.get("/v1/runs/run-1", headers=auth(support_key)).json()
+    assert (run["billed_micros"], run["credited_micros"]) == (0, refunded["gross_micros"])
+    assert run["held_micros"] == run["tentative_micros"] == refunded["gross_micros"]
+    assert (
+        run["billed_micros"] + run["credited_micros"] + run["held_micros"] == (run["gross_micros"])
+    )

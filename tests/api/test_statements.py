@@ -258,3 +258,11 @@ def test_cli_prints_the_statement(month, settings):
         timeout=60,
     )
     assert as_csv.returncode == 0 and len(as_csv.stdout.strip().splitlines()) == 11
+
+
+@pytest.mark.parametrize("suffix", [".html", ".csv"])
+def test_statement_downloads_name_their_charset_once(client, make_key, month, suffix):
+    key = make_key(scope="customer", customer="cust-1")
+    reply = statement(client, key, period=PERIOD + suffix)
+    assert reply.status_code == 200
+    assert reply.headers["content-type"].count("charset") == 1, reply.headers["content-type"]

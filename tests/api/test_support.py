@@ -298,3 +298,21 @@ def test_cli_credits_a_run_and_lists_disputes(client, make_key, settings, db, ru
     assert "ok-run" in listed.stdout and "1 dispute(s)" in listed.stdout
     shown = cli("run", "ok-run", "--tenant", "acme")
     assert json.loads(shown.stdout)["run"]["credited_micros"] == 500
+
+
+def test_releasing_a_held_run_audits_the_ledger_position_and_explains_the_release(
+    client, make_key, db, runs
+):
+    key = make_key(scope="support")
+    run = post(client, key, "/v1/support/runs/held-run/release", {"reason": "Checked logs."}).json()
+    before, after = db.execute(
+        "SELECT before, after FROM audit_log WHERE action = 'run.release'"
+    ).fetchone()
+    # Held, nothing was billed: the policy's figure is a proposal, and says so.
+    assert (before["billed_micros"], before["held_micros"]) == (0, 1_750)
+    assert before["proposed_billed_micros"] == 1_750
+    assert (after["billed_micros"], after["held_micros"]) == (1_750, 0)
+    assert "held for review" not in run["explanation"]
+    assert run["explanation"].endswith(
+        "Support reviewed the run and released the hold. All 0.00175 USD of usage is billed."
+    )

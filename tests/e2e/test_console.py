@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -13,7 +14,7 @@ import pytest
 from api.console import session
 from api.console.forms import usd_to_micros
 from metering.errors import MeteringError
-from metering.money import format_usd
+from metering.money import display_usd, format_usd
 from metering.settlement.runner import settle_due_now
 from tests.helpers.events import event, usage
 from tests.helpers.ingest import ingest
@@ -314,3 +315,151 @@ def test_console_pages_are_styled_under_their_content_security_policy(
     page.goto(f"{live_server}/console/runs/no-such-run")
     assert page.locator("#error").evaluate("el => getComputedStyle(el).maxWidth") == "640px"
     assert violations == []
+
+
+@pytest.mark.parametrize("width", [1366, 420])
+def test_releasing_a_held_run_shows_one_proposal_and_words_that_agree(
+    live_server, browser, make_key, runs, db, width
+):
+    run = runs["held"]
+    proposed = db.execute(
+        "SELECT d.billed_micros FROM decisions d JOIN runs r ON r.id = d.run_id "
+        "WHERE r.subject = %s",
+        (run,),
+    ).fetchone()[0]
+    assert proposed > 0
+    context = browser.new_context(viewport={"width": width, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(WAIT_MS)
+    try:
+        sign_in(page, live_server, make_key(scope="support"))
+        page.goto(f"{live_server}/console/runs/{run}")
+        # The box and the confirm page name the same figure: the policy's proposal.
+        box = page.locator("#release-proposal").inner_text()
+        assert f"{display_usd(proposed)} USD billed" in box
+        page.fill("#release-reason", "Checked the logs: the client crashed.")
+        page.click("#release-review")
+        summary = page.locator("#confirm-summary").inner_text()
+        assert f"{display_usd(proposed)} USD billed" in summary
+        page.click("#confirm-yes")
+        page.wait_for_url(f"**/console/runs/{run}")
+        words = page.locator("#explanation .explanation").inner_text()
+        assert "held for review" not in words and "nothing is billed" not in words
+        assert "Support reviewed the run and released the hold." in words
+        assert page.locator("#money-billed").inner_text() == display_usd(proposed)
+    finally:
+        context.close()
+
+
+CONSOLE_WIDTHS = [1366, 1024, 420]
+
+# Elements wider than their box, or boxes overlapping a table: what a person cannot read.
+_OVERFLOWS = """
+() => {
+  const doc = document.documentElement;
+  const found = [];
+  if (doc.scrollWidth > doc.clientWidth + 1) found.push('page scrolls sideways');
+  for (const el of document.querySelectorAll('main *, body > *')) {
+    const style = getComputedStyle(el);
+    if (['auto', 'scroll'].includes(style.overflowX)) continue;
+    if (el.closest('.scroll')) continue;
+    if (el.scrollWidth > el.clientWidth + 1 && style.overflowX === 'hidden' && el.clientWidth > 0)
+      found.push('clipped: ' + el.tagName + '#' + el.id + '.' + el.className);
+  }
+  // What of an element can be seen: its box cut to every ancestor that scrolls or clips.
+  const rect = (el) => {
+    let r = el.getBoundingClientRect();
+    let box = {left: r.left, right: r.right, top: r.top, bottom: r.bottom, width: r.width};
+    for (let p = el.parentElement; p; p = p.parentElement) {
+      if (getComputedStyle(p).overflowX === 'visible') continue;
+      const c = p.getBoundingClientRect();
+      box = {left: Math.max(box.left, c.left), right: Math.min(box.right, c.right),
+             top: Math.max(box.top, c.top), bottom: Math.min(box.bottom, c.bottom)};
+      box.width = Math.max(0, box.right - box.left);
+    }
+    return box;
+  };
+  const tables = [...document.querySelectorAll('table')];
+  for (const card of document.querySelectorAll('.card, section')) {
+    for (const table of tables) {
+      if (card.contains(table) || table.contains(card)) continue;
+      const a = rect(card), b = rect(table);
+      if (a.width && b.width && a.left < b.right - 1 && b.left < a.right - 1
+          && a.top < b.bottom - 1 && b.top < a.bottom - 1)
+        found.push('overlaps a table: ' + card.tagName + '#' + card.id);
+    }
+  }
+  for (const table of tables) {
+    if (rect(table).right > doc.clientWidth + 1) found.push('table off screen: ' + table.id);
+  }
+  return found;
+}
+"""
+
+
+def _amounts_never_read_as_zero(page: Any) -> None:
+    for amount in page.locator(".usd").all():
+        title = amount.get_attribute("title") or ""
+        value = int(amount.get_attribute("data-micros") or "x")
+        shown = amount.inner_text().replace(",", "")
+        assert (float(shown) == 0) == (value == 0), (shown, title)
+        assert f"({value:,} micro-USD)" in title
+
+
+@pytest.mark.parametrize("width", CONSOLE_WIDTHS)
+def test_console_pages_fit_and_show_every_credited_micro_at_each_width(
+    live_server, browser, make_key, runs, db, artifacts, width
+):
+    context = browser.new_context(viewport={"width": width, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(WAIT_MS)
+    try:
+        sign_in(page, live_server, make_key(scope="support"))
+        for path in (
+            "/console",
+            f"/console/runs/{runs['held']}",
+            f"/console/runs/{runs['refunded']}",
+            f"/console/runs/{runs['confirmed']}",
+            "/console/audit",
+        ):
+            page.goto(f"{live_server}{path}")
+            assert page.evaluate(_OVERFLOWS) == [], (path, width)
+            _amounts_never_read_as_zero(page)
+        page.goto(f"{live_server}/console/runs/{runs['held']}")
+        held = page.locator("#money-held").inner_text()
+        assert float(held) > 0  # the hold of a held run is never shown as 0.00
+        page.screenshot(path=str(artifacts / f"console-run-{width}.png"), full_page=True)
+    finally:
+        context.close()
+
+
+def test_every_time_in_the_console_names_its_timezone(live_server, page, make_key, runs):
+    sign_in(page, live_server, make_key(scope="support"))
+    for path in ("/console", f"/console/runs/{runs['held']}"):
+        page.goto(f"{live_server}{path}")
+        text = page.locator("main").inner_text()
+        times = re.findall(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: UTC)?", text)
+        assert times and all(t.endswith(" UTC") for t in times), (path, times)
+
+
+def test_support_credits_a_run_from_the_console_without_a_dispute(
+    live_server, page, make_key, runs, db
+):
+    run = runs["confirmed"]
+    billed = db.execute("SELECT billed_micros FROM runs WHERE subject = %s", (run,)).fetchone()[0]
+    sign_in(page, live_server, make_key(scope="support"))
+    page.goto(f"{live_server}/console/runs/{run}")
+    page.check("#credit-amount")
+    page.fill("#amount_usd", "1.5")
+    page.fill("#credit-reason", "Goodwill for a slow run.")
+    page.click("#credit-review")
+    assert "You are about to credit 1.50 USD" in page.locator("#confirm-summary").inner_text()
+    page.click("#confirm-yes")
+    page.wait_for_url(f"**/console/runs/{run}")
+    assert "credited to run" in page.locator("#flash").inner_text()
+    assert page.locator("#money-credited").inner_text() == "1.50"
+    assert page.locator("#money-billed").inner_text() == format_usd(billed - 1_500_000)
+    audit = db.execute(
+        "SELECT count(*) FROM audit_log WHERE target_id = %s AND action = 'run.credit'", (run,)
+    ).fetchone()[0]
+    assert audit == 1

@@ -38,6 +38,8 @@ PUBLIC = {
     ("GET", "/metrics"),
     ("POST", "/webhooks/stripe"),
     ("POST", "/webhooks/stripe/thin"),
+    # Authenticated by the HMAC token in its path, bound to one customer and period.
+    ("GET", "/v1/statement-links/{token}"),
 }
 # Tables whose rows belong to a tenant: A's must not change while others poke at them.
 TENANT_TABLES = (
@@ -91,6 +93,7 @@ def path_values(data: TenantData) -> dict[str, str]:
         "customer": data.customer,
         "period": datetime.now(UTC).strftime("%Y-%m"),
         "dispute_id": str(data.dispute_id),
+        "token": "not-a-link",
     }
 
 
@@ -105,6 +108,7 @@ def bodies(data: TenantData) -> dict[str, tuple[str, bytes]]:
         "DisputeRequest": as_json({"claim": "probe: give me their money"}),
         "CreditRequest": as_json({"full": True, "reason": "probe"}),
         "ReasonRequest": as_json({"reason": "probe"}),
+        "StatementLinkRequest": as_json({"period": "current"}),
         "POST /v1/events": ("application/cloudevents+json", json.dumps(event).encode()),
     }
 
