@@ -16,6 +16,7 @@ from metering.models.billing import (
 from metering.models.catalog import PriceRow
 from metering.models.events import EventRow, RunRow, UsageLineRow
 from metering.models.ledger import LedgerEntryRow
+from metering.models.notifications import NotificationRow
 from metering.models.settlement import DecisionRow
 from metering.models.statements import StatementLineRow
 from metering.models.support import AuditRow, DisputeRow, SupportCreditRow
@@ -30,6 +31,7 @@ __all__ = [
     "DisputeRow",
     "EventRow",
     "LedgerEntryRow",
+    "NotificationRow",
     "PriceRow",
     "RunRow",
     "StatementLineRow",
