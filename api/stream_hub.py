@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 from collections import deque
 from typing import Any
 
@@ -35,8 +36,8 @@ from metering.notifications.replay import StoredNotification, StreamScope, by_id
 
 log = logging.getLogger("fairmeter.streams")
 
-# How the listening connection names itself in pg_stat_activity (operators, and the tests
-# that cut it, find it by this).
+# How the listening connection names itself in pg_stat_activity, with the process id:
+# operators (and the tests that cut it) find each process's one listener by it.
 APPLICATION_NAME = "fairmeter-stream-listener"
 MAX_RETRY_S = 30.0
 # Announced ids waiting to be read back; beyond this the fan-out gives up on them and every
@@ -162,7 +163,7 @@ class StreamHub:
                 async with await psycopg.AsyncConnection.connect(
                     self._conninfo,
                     autocommit=True,
-                    application_name=APPLICATION_NAME,
+                    application_name=f"{APPLICATION_NAME} {os.getpid()}",
                     connect_timeout=5,
                 ) as conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
