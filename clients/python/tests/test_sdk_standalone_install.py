@@ -13,7 +13,7 @@ SERVER_PACKAGES = ("litestar", "sqlalchemy", "sqlmodel", "celery", "psycopg", "s
 
 SNIPPET = """
 import importlib.util, json, sys, tempfile, os
-from fairmeter_client import Meter
+from fairmeter_client import Meter, follow_run, StatusEvent
 spool = os.path.join(tempfile.mkdtemp(), "spool.db")
 meter = Meter("http://127.0.0.1:9", "key", source="agent/x", spool_path=spool, start=False)
 with meter.run("run-1", customer="cust-1") as run:
