@@ -60,8 +60,8 @@ def notify(engine: Any, subject: str, status: str, *, tenant: str = "acme") -> i
         )
 
 
-def stream(api: Served, path: str, key: str, **headers: str) -> StreamReader:
-    reader = StreamReader(f"{api.base}{path}", {**auth(key), **headers})
+def stream(base: str, path: str, key: str, **headers: str) -> StreamReader:
+    reader = StreamReader(f"{base}{path}", {**auth(key), **headers})
     assert reader.status == 200, f"{path}: {reader.status} {reader.body}"
     return reader
 
@@ -73,8 +73,8 @@ def opened(reader: StreamReader) -> Any:
     return first
 
 
-def streams_open(api: Served) -> float:
-    text = httpx.get(f"{api.base}/metrics", timeout=10).text
+def streams_open(base: str) -> float:
+    text = httpx.get(f"{base}/metrics", timeout=10).text
     found = re.search(r"^fairmeter_streams_open (\S+)$", text, re.MULTILINE)
     assert found, "no fairmeter_streams_open in /metrics"
     return float(found.group(1))
@@ -104,8 +104,8 @@ def test_a_commit_from_a_third_connection_reaches_streams_on_both_processes_with
     first, second = stream_apis
     key = make_key(tenant="acme", scope="customer", customer="cust-a")
     with (
-        stream(first, "/v1/runs/run-a/stream", key) as on_first,
-        stream(second, "/v1/customers/cust-a/stream", key) as on_second,
+        stream(first.base, "/v1/runs/run-a/stream", key) as on_first,
+        stream(second.base, "/v1/customers/cust-a/stream", key) as on_second,
     ):
         opened(on_first), opened(on_second)
         for step in range(3):
@@ -120,18 +120,40 @@ def test_a_commit_from_a_third_connection_reaches_streams_on_both_processes_with
 
 
 @pytest.mark.usefixtures("runs")
+def test_streams_on_every_worker_of_a_multi_worker_api_get_each_commit(
+    live_server, engine, make_key
+):
+    """``fairmeter serve --workers 2``: each worker is a process with its own listener."""
+    key = make_key(tenant="acme", scope="support")
+    readers = [stream(live_server, "/v1/runs/run-a/stream", key) for _ in "abcd"]
+    try:
+        for reader in readers:
+            opened(reader)
+        assert streams_open(live_server) == 4  # summed over the workers
+        committing = time.monotonic()
+        nid = notify(engine, "run-a", "to everyone")
+        for reader in readers:
+            [block] = reader.events(1, timeout_s=10)
+            assert block.id == nid and block.arrived - committing < 1.0
+    finally:
+        for reader in readers:
+            reader.close()
+    assert wait_until(lambda: streams_open(live_server) == 0, 15)
+
+
+@pytest.mark.usefixtures("runs")
 def test_a_client_resuming_with_last_event_id_gets_what_committed_meanwhile_once_in_order(
     stream_apis, engine, make_key
 ):
     first, second = stream_apis
     key = make_key(tenant="acme", scope="customer", customer="cust-a")
-    with stream(first, "/v1/runs/run-a/stream", key) as before:
+    with stream(first.base, "/v1/runs/run-a/stream", key) as before:
         opened(before)
         seen = [notify(engine, "run-a", f"seen {i}") for i in range(2)]
         assert [b.id for b in before.events(2)] == seen
     missed = [notify(engine, "run-a", f"missed {i}") for i in range(5)]
     # The reconnection lands on the other process, as behind a load balancer.
-    with stream(second, "/v1/runs/run-a/stream", key, **{"Last-Event-ID": str(seen[-1])}) as r:
+    with stream(second.base, "/v1/runs/run-a/stream", key, **{"Last-Event-ID": str(seen[-1])}) as r:
         replayed = r.events(5)
         assert [b.id for b in replayed] == missed
         assert [b.data["data"]["status"] for b in replayed] == [f"missed {i}" for i in range(5)]
@@ -149,7 +171,7 @@ def test_a_customer_key_follows_only_its_own_customer_of_its_own_tenant(
     for path in ("/v1/customers/cust-b/stream", "/v1/runs/run-b/stream"):
         refused = StreamReader(f"{first.base}{path}", auth(key))
         assert refused.status == 404, (path, refused.status, refused.body)
-    with stream(first, "/v1/customers/cust-a/stream", key) as mine:
+    with stream(first.base, "/v1/customers/cust-a/stream", key) as mine:
         opened(mine)
         notify(engine, "run-b", "another customer's")
         notify(engine, "run-g", "another tenant's customer of the same name", tenant="globex")
@@ -162,13 +184,13 @@ def test_a_customer_key_follows_only_its_own_customer_of_its_own_tenant(
 def test_heartbeats_flow_and_a_client_that_hangs_up_frees_its_place(stream_apis, db, make_key):
     first, _ = stream_apis
     key = make_key(tenant="acme", scope="support")
-    assert wait_until(lambda: streams_open(first) == 0, 30)
-    with stream(first, "/v1/runs/run-a/stream", key) as reader:
+    assert wait_until(lambda: streams_open(first.base) == 0, 30)
+    with stream(first.base, "/v1/runs/run-a/stream", key) as reader:
         opened(reader)
         assert reader.next(timeout_s=3).keep_alive  # FAIRMETER_STREAM_HEARTBEAT_S=1
         assert reader.next(timeout_s=3).keep_alive
-        assert streams_open(first) == 1
-    assert wait_until(lambda: streams_open(first) == 0, 15), "the stream was not freed"
+        assert streams_open(first.base) == 1
+    assert wait_until(lambda: streams_open(first.base) == 0, 15), "the stream was not freed"
     assert len(listeners(db, first)) == 1  # the listener stays for the next stream
 
 
@@ -179,9 +201,9 @@ def test_a_killed_listener_connection_is_made_again_and_streams_lose_nothing(
     first, second = stream_apis
     key = make_key(tenant="acme", scope="support")
     with (
-        stream(first, "/v1/runs/run-a/stream", key) as by_run,
-        stream(first, "/v1/customers/cust-a/stream", key) as by_customer,
-        stream(second, "/v1/runs/run-a/stream", key) as elsewhere,
+        stream(first.base, "/v1/runs/run-a/stream", key) as by_run,
+        stream(first.base, "/v1/customers/cust-a/stream", key) as by_customer,
+        stream(second.base, "/v1/runs/run-a/stream", key) as elsewhere,
     ):
         for reader in (by_run, by_customer, elsewhere):
             opened(reader)
@@ -209,7 +231,7 @@ def test_a_client_behind_by_more_than_its_inbox_catches_up_from_the_table(
     _, second = stream_apis  # keeps 4 notifications per client in memory
     key = make_key(tenant="acme", scope="customer", customer="cust-a")
     catch_ups = metric(second, "fairmeter_stream_catch_ups_total")
-    with stream(second, "/v1/customers/cust-a/stream", key) as reader:
+    with stream(second.base, "/v1/customers/cust-a/stream", key) as reader:
         opened(reader)
         with raw_transaction(engine) as conn:
             run_id = conn.execute("SELECT id FROM runs WHERE subject = 'run-a'").fetchone()[0]
@@ -235,7 +257,7 @@ def test_a_connection_lost_ingested_on_one_process_reaches_a_stream_on_the_other
     first, second = stream_apis
     reader_key = make_key(tenant="acme", scope="customer", customer="cust-a")
     ingest_key = make_key(tenant="acme", scope="ingest")
-    with stream(first, "/v1/runs/run-a/stream", reader_key) as reader:
+    with stream(first.base, "/v1/runs/run-a/stream", reader_key) as reader:
         assert opened(reader).data["data"]["status"] == "Agent still running"
         lost = event(type="connection.lost", run="run-a", customer="cust-a", side="server")
         reply = httpx.post(
@@ -256,7 +278,7 @@ def test_a_shutdown_cuts_open_streams_after_its_grace_instead_of_waiting_for_the
     key = make_key(tenant="acme", scope="support")
     with serve(settings, tmp_path, **STREAM_ENV) as api:  # FAIRMETER_SHUTDOWN_GRACE_S=2
         assert api.process is not None
-        reader = stream(api, "/v1/runs/run-a/stream", key)
+        reader = stream(api.base, "/v1/runs/run-a/stream", key)
         opened(reader)
         stopping = time.monotonic()
         api.process.terminate()

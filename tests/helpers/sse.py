@@ -2,14 +2,15 @@
 
 Each block of the stream becomes a dict of its fields (a comment under ``""``) stamped with
 the moment it arrived, so a test can ask how soon after a commit a notification got there.
-The server's heartbeats keep the reading thread waking up, so :meth:`StreamReader.close`
-returns within about one heartbeat.
+Closing shuts the connection down under the reading thread, as a client that goes away.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ class StreamReader:
         self._blocks: queue.Queue[Block | BaseException] = queue.Queue()
         self._started = threading.Event()
         self._stop = threading.Event()
+        self._socket: socket.socket | None = None
         self._thread = threading.Thread(target=self._read, daemon=True)
         self._thread.start()
         if not self._started.wait(start_timeout_s):
@@ -65,13 +67,15 @@ class StreamReader:
                 client.stream("GET", self.url, headers=self._headers) as reply,
             ):
                 self.status = reply.status_code
+                self._socket = reply.extensions["network_stream"].get_extra_info("socket")
                 if reply.status_code != 200:
                     self.body = reply.read().decode()
                     return
                 self._started.set()
                 self._parse(reply)
         except BaseException as exc:
-            self._blocks.put(exc)
+            if not self._stop.is_set():  # a hang-up of our own is no error
+                self._blocks.put(exc)
         finally:
             self._started.set()
 
@@ -122,8 +126,12 @@ class StreamReader:
         return found
 
     def close(self) -> None:
-        """Hang up: the thread drops the connection at its next block (a heartbeat at most)."""
+        """Hang up, as a client that goes away: the connection is shut down under the
+        reading thread, which then ends."""
         self._stop.set()
+        if self._socket is not None:
+            with contextlib.suppress(OSError):
+                self._socket.shutdown(socket.SHUT_RDWR)
         self._thread.join(timeout=60)
 
     def __enter__(self) -> StreamReader:
