@@ -50,8 +50,9 @@ Key = tuple[str, str]  # (tenant, customer)
 class Inbox:
     """One open stream's share of the fan-out: rows to send, or word that it is behind."""
 
-    def __init__(self, scope: StreamScope, max_items: int) -> None:
+    def __init__(self, scope: StreamScope, holder: str, max_items: int) -> None:
         self.scope = scope
+        self.holder = holder  # the key id that opened it
         self._rows: deque[StoredNotification] = deque()
         self._max_items = max_items
         self._behind = False
@@ -89,6 +90,16 @@ class Inbox:
         return self.scope.run_id is None or subject == self.scope.subject
 
 
+def _too_many(status: int, detail: str) -> MeteringError:
+    return MeteringError(
+        detail,
+        code="too_many_streams",
+        status=status,
+        title="Too many requests" if status == 429 else "Service unavailable",
+        extra={"retry_after_s": 5},
+    )
+
+
 class StreamHub:
     """The process's listener and the inboxes of its open streams. Lives on one event loop."""
 
@@ -96,6 +107,7 @@ class StreamHub:
         self._conninfo = settings.sqlalchemy_url().replace("postgresql+psycopg://", "postgresql://")
         self._engine = engine
         self._max_streams = settings.stream_max_per_process
+        self._max_per_key = settings.stream_max_per_key
         self._max_items = settings.stream_queue_items
         self._retry_s = settings.stream_listener_retry_s
         self._check_s = settings.stream_listener_check_s
@@ -103,23 +115,29 @@ class StreamHub:
         self._pending: list[tuple[int, Key]] = []
         self._pending_ready: asyncio.Event | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._held: dict[str, int] = {}  # open streams by the key id that opened them
         self.open = 0
 
-    def subscribe(self, scope: StreamScope) -> Inbox:
-        """An inbox for a new stream (503 ``too_many_streams`` when the process is full).
-        The caller must :meth:`unsubscribe` it when the stream ends, however it ends."""
+    def subscribe(self, scope: StreamScope, holder: str) -> Inbox:
+        """An inbox for a new stream opened by key ``holder``: 503 ``too_many_streams`` when
+        the process is full, 429 when that key holds its share already. The caller must
+        :meth:`unsubscribe` it when the stream ends, however it ends."""
         if self.open >= self._max_streams:
-            raise MeteringError(
+            raise _too_many(
+                503,
                 f"this API process serves {self._max_streams} streams already; retry, "
                 "another process may have room",
-                code="too_many_streams",
-                status=503,
-                title="Service unavailable",
-                extra={"retry_after_s": 5},
+            )
+        if self._held.get(holder, 0) >= self._max_per_key:
+            raise _too_many(
+                429,
+                f"this key holds {self._max_per_key} open streams on this API process; "
+                "close one first",
             )
         self._start()
-        inbox = Inbox(scope, self._max_items)
+        inbox = Inbox(scope, holder, self._max_items)
         self._inboxes.setdefault((scope.tenant_id, scope.customer_id), set()).add(inbox)
+        self._held[holder] = self._held.get(holder, 0) + 1
         self.open += 1
         STREAMS_OPEN.inc()
         return inbox
@@ -132,8 +150,15 @@ class StreamHub:
         inboxes.discard(inbox)
         if not inboxes:
             del self._inboxes[key]
+        self._held[inbox.holder] -= 1
+        if not self._held[inbox.holder]:
+            del self._held[inbox.holder]
         self.open -= 1
         STREAMS_OPEN.dec()
+
+    def held_by(self, holder: str) -> int:
+        """Open streams of key ``holder`` on this process."""
+        return self._held.get(holder, 0)
 
     def _start(self) -> None:
         """The listener and the reader start with the first stream (not at import or in

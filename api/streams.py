@@ -100,7 +100,7 @@ async def stream_run(
     principal = await _authenticate(services, request, RUN_SCOPES)
     resume = resume_position(last_event_id_header, last_event_id)
     start = await to_thread.run_sync(_open, services, open_run_stream, principal, run, resume)
-    return _respond(services, start)
+    return _respond(services, start, principal)
 
 
 @get(
@@ -128,7 +128,7 @@ async def stream_customer(
     start = await to_thread.run_sync(
         _open, services, open_customer_stream, principal, customer, resume
     )
-    return _respond(services, start)
+    return _respond(services, start, principal)
 
 
 STREAM_HANDLERS = [stream_run, stream_customer]
@@ -153,8 +153,9 @@ def _open(
         return use_case(conn, principal, target, resume)
 
 
-def _respond(services: Services, start: StreamStart) -> Stream:
-    inbox = services.streams.subscribe(start.scope)  # before any read: see the module
+def _respond(services: Services, start: StreamStart, principal: Principal) -> Stream:
+    # Before any read (see the module); refused when the process or the key is full.
+    inbox = services.streams.subscribe(start.scope, principal.key_id)
     return Stream(
         _events(services, start, inbox),
         media_type=EVENT_STREAM,

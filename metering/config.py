@@ -197,8 +197,11 @@ class Settings(BaseSettings):
     # does so by itself): long-lived connections spread over new API processes, and a
     # revoked key's stream stops within this time.
     stream_max_s: float = 300.0
-    # Open streams per API process; one more is a 503 problem (each holds a socket).
+    # Open streams per API process; one more is a 503 problem (each holds a socket). One key
+    # may hold this many of them, so that one tenant cannot take a process's streams from
+    # the others (one more is a 429).
     stream_max_per_process: int = 1000
+    stream_max_per_key: int = 100
     # Notifications waiting for one slow client; beyond this they are dropped from memory
     # and the stream catches up from the notifications table instead.
     stream_queue_items: int = 256
