@@ -173,6 +173,7 @@ async def _events(services: Services, start: StreamStart, inbox: Inbox) -> Async
         yield _opening(start, settings.stream_retry_ms)
         quiet_since = time.monotonic()
         behind = True  # the first read is always the table's
+        failing = False
         if start.resumed:
             STREAM_CATCH_UPS.inc()
         while (left := ends_at - time.monotonic()) > 0:
@@ -181,9 +182,11 @@ async def _events(services: Services, start: StreamStart, inbox: Inbox) -> Async
                     async for chunk in _catch_up(services, start.scope, cursor):
                         quiet_since = time.monotonic()
                         yield chunk
-                    behind = False
+                    behind = failing = False
                 except Exception as exc:  # the database is away: keep the client, retry
-                    log.warning("stream catch-up failed, retrying: %r", exc)
+                    if not failing:
+                        log.warning("stream catch-up failed, retrying every second: %r", exc)
+                    failing = True
             wait = min(left, settings.stream_heartbeat_s - (time.monotonic() - quiet_since))
             if behind:
                 wait = min(wait, CATCH_UP_RETRY_S)
