@@ -5,7 +5,8 @@ A stream is opened in three steps, in this order: its inbox joins the process's 
 (``api/stream_hub.py``) *first*, then it reads what it missed from the notifications table
 (everything after ``Last-Event-ID``, or what committed since its snapshot), then it sends
 what the fan-out brings. A notification committed at any moment is therefore in the table
-read, in the inbox, or both — never neither — and the stream's cursor sends it once.
+read, in the inbox, or both — never neither — and the stream's cursor sends it once (what
+that takes when ids and commits disagree: metering/notifications/cursor.py).
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ async def stream_run(
 @get(
     "/v1/customers/{customer:str}/stream",
     summary="Follow every run of a customer live (Server-Sent Events)",
-    tags=["statements"],
+    tags=["runs"],
     security=keys(*CUSTOMER_SCOPES),
     responses=problems(*AUTHENTICATED, 404, 422),
     media_type=EVENT_STREAM,
