@@ -46,7 +46,9 @@ def record_rejection(count: int, code: str) -> None:
     EVENTS.labels("rejected", code).inc(count)
 
 
-def render_metrics(outbox_counts: dict[str, int]) -> tuple[bytes, str]:
+def render_metrics(
+    outbox_counts: dict[str, int], rejected_by_code: dict[str, int] | None = None
+) -> tuple[bytes, str]:
     """Process metrics plus gauges read from the database at scrape time (shared state, so
     every API process reports the same numbers, e.g. the Stripe dead letter)."""
     if prometheus_values.ValueClass.__name__ == "MmapedValue":  # multi-process mode
@@ -56,13 +58,14 @@ def render_metrics(outbox_counts: dict[str, int]) -> tuple[bytes, str]:
     else:
         body = generate_latest()
     gauges = CollectorRegistry()
-    gauges.register(_OutboxCollector(outbox_counts))
+    gauges.register(_OutboxCollector(outbox_counts, rejected_by_code or {}))
     return body + generate_latest(gauges), CONTENT_TYPE_LATEST
 
 
 class _OutboxCollector:
-    def __init__(self, counts: dict[str, int]) -> None:
+    def __init__(self, counts: dict[str, int], rejected: dict[str, int]) -> None:
         self._counts = counts
+        self._rejected = rejected
 
     def collect(self) -> Any:
         family = GaugeMetricFamily(
@@ -71,6 +74,14 @@ class _OutboxCollector:
         for status in ("pending", "waiting_customer", "sent", "dead", "superseded"):
             family.add_metric([status], self._counts.get(status, 0))
         yield family
+        rejected = GaugeMetricFamily(
+            "fairmeter_stripe_meter_events_rejected",
+            "Meter events Stripe accepted, then rejected in an error report, by error code",
+            labels=["code"],
+        )
+        for code, count in sorted(self._rejected.items()):
+            rejected.add_metric([code], count)
+        yield rejected
 
 
 def latency_middleware(app: ASGIApp) -> ASGIApp:

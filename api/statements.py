@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -26,7 +26,14 @@ from metering.db import raw_transaction
 from metering.keys import Principal, Scope
 from metering.statements import links, query
 from metering.statements.render import csv_chunks, daily_chart_svg
-from metering.statements.service import StatementPage, authorize, build_query, statement_page
+from metering.statements.service import (
+    IssuedLink,
+    StatementPage,
+    authorize,
+    build_query,
+    issue_link,
+    statement_page,
+)
 
 _UNSAFE_IN_FILENAME = re.compile(r"[^A-Za-z0-9._-]")
 TEMPLATES = Environment(
@@ -114,6 +121,19 @@ def attachment(filename: str) -> str:
     readable = "".join(c if c.isprintable() and c not in "/\\" else "_" for c in filename)
     fallback = _UNSAFE_IN_FILENAME.sub("_", readable)
     return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(readable, safe='')}"
+
+
+def _issue_link(services: Services, principal: Principal, customer: str, period: str) -> IssuedLink:
+    with raw_transaction(services.engine) as conn:
+        return issue_link(
+            conn,
+            principal,
+            customer,
+            period,
+            pepper=services.settings.key_pepper,
+            ttl_s=services.settings.statement_link_ttl_s,
+            now=datetime.now(UTC),
+        )
 
 
 def _authorize(services: Services, principal: Principal, customer: str) -> None:
@@ -222,13 +242,8 @@ async def create_statement_link(
 ) -> StatementLinkReply:
     services: Services = state.services
     principal = services.authenticate(request, Scope.SUPPORT, Scope.ADMIN)
-    now = datetime.now(UTC)
-    period = query.parse_period(data.period, now)
-    await to_thread.run_sync(_authorize, services, principal, customer)
-    expires_at = now + timedelta(seconds=services.settings.statement_link_ttl_s)
-    grant = links.StatementGrant(principal.tenant_id, customer, period, expires_at)
-    token = links.sign(services.settings.key_pepper, grant)
-    return StatementLinkReply(url=f"/v1/statement-links/{token}", expires_at=expires_at)
+    issued = await to_thread.run_sync(_issue_link, services, principal, customer, data.period)
+    return StatementLinkReply(url=issued.path, expires_at=issued.expires_at)
 
 
 @get(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -117,14 +118,13 @@ def get_run_view(conn: psycopg.Connection[Any], principal: Principal, subject: s
     in_force = decisions[-1] if decisions else None
     reopened = decision_version > 0 and evidence_version > settled_version
     billed, credited, held = ledger_position(in_force, int(gross))
-    if parked_at is not None:
-        status = UNDER_REVIEW
-    elif reopened:
-        status = RESETTLING
-    elif in_force is not None:
-        status = in_force.status
-    else:
-        status = live_status(facts, terminal=terminal_at is not None)
+    status = status_words(
+        parked=parked_at is not None,
+        reopened=reopened,
+        decided_status=in_force.status if in_force else None,
+        facts=facts,
+        terminal=terminal_at is not None,
+    )
     return RunView(
         run_id=run_id,
         run=subject,
@@ -151,6 +151,61 @@ def get_run_view(conn: psycopg.Connection[Any], principal: Principal, subject: s
         reopened=reopened,
         parked=parked_at is not None,
     )
+
+
+def status_words(
+    *,
+    parked: bool,
+    reopened: bool,
+    decided_status: str | None,
+    facts: Sequence[EventFact],
+    terminal: bool,
+) -> str:
+    """The words a person reads for a run, the one rule every page and the API follow:
+    parked → under review; late events → settling again; decided → the decision's words;
+    otherwise read off the events."""
+    if parked:
+        return UNDER_REVIEW
+    if reopened:
+        return RESETTLING
+    if decided_status is not None:
+        return decided_status
+    return live_status(facts, terminal=terminal)
+
+
+def live_statuses(conn: psycopg.Connection[Any], run_ids: Sequence[int]) -> dict[int, str]:
+    """``status_words`` for many runs at once (a page of runs), from their rows and events."""
+    if not run_ids:
+        return {}
+    rows = conn.execute(
+        """
+        SELECT r.id, r.parked_at IS NOT NULL, r.terminal_at IS NOT NULL,
+               r.decision_version > 0 AND r.evidence_version > r.settled_evidence_version,
+               (SELECT d.status FROM decisions d WHERE d.run_id = r.id
+                ORDER BY d.version DESC LIMIT 1)
+        FROM runs r WHERE r.id = ANY(%s)
+        """,
+        (list(run_ids),),
+    ).fetchall()
+    undecided = [r[0] for r in rows if r[4] is None and not r[1]]
+    facts: dict[int, list[EventFact]] = {run_id: [] for run_id in undecided}
+    if undecided:
+        for run_id, *fact in conn.execute(
+            "SELECT run_id, event_id, type, time, data FROM events WHERE run_id = ANY(%s) "
+            "ORDER BY time, id",
+            (undecided,),
+        ).fetchall():
+            facts[run_id].append(EventFact(*fact))
+    return {
+        run_id: status_words(
+            parked=parked,
+            reopened=reopened,
+            decided_status=decided,
+            facts=facts.get(run_id, []),
+            terminal=terminal,
+        )
+        for run_id, parked, terminal, reopened, decided in rows
+    }
 
 
 def ledger_position(

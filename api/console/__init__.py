@@ -34,6 +34,7 @@ console_router = Router(
         actions.reject_dispute,
         actions.release_hold,
         actions.credit_run,
+        actions.statement_link,
     ],
     exception_handlers={
         NotSignedIn: not_signed_in_handler,

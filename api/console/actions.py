@@ -34,6 +34,7 @@ from metering.disputes.timeline import Dispute, disputes, timeline
 from metering.errors import MeteringError, conflict, not_found
 from metering.money import describe_usd
 from metering.runs import find_run_id
+from metering.statements.service import issue_link
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,3 +335,37 @@ def credit_run(
     request: Request[Any, Any, Any], state: State, run: FromPath[str], data: Form
 ) -> Response[Any]:
     return _act(request, state, run, data, plan_credit)
+
+
+@post("/runs/{run:str}/statement-link", sync_to_thread=True, status_code=200)
+def statement_link(
+    request: Request[Any, Any, Any], state: State, run: FromPath[str], data: Form
+) -> Response[Any]:
+    """A signed link to the run's customer's statement, for support to send: no money
+    moves, so no confirmation step; the link is shown once on the run page."""
+    services = services_of(state)
+    console = signed_in(request, services)
+    check_csrf(console, services, data)
+    settings = services.settings
+    try:
+        with raw_transaction(services.engine) as conn:
+            found = timeline(conn, console.principal, run)
+            issued = issue_link(
+                conn,
+                console.principal,
+                found.run.customer,
+                data.get("period", "").strip() or "current",
+                pepper=settings.key_pepper,
+                ttl_s=settings.statement_link_ttl_s,
+                now=datetime.now(UTC),
+            )
+    except MeteringError as exc:
+        return _refused(request, console, services, run, data, exc)
+    return run_page_response(
+        request,
+        console,
+        found,
+        limit_micros=settings.support_credit_limit_micros,
+        daily_limit_micros=settings.support_credit_customer_daily_limit_micros,
+        statement_link=issued,
+    )

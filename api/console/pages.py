@@ -30,6 +30,7 @@ from metering.db import raw_transaction
 from metering.disputes import audit
 from metering.disputes.timeline import Timeline, disputes, search_runs, timeline
 from metering.errors import MeteringError
+from metering.statements.service import IssuedLink
 
 OUTCOMES = ("confirmed", "partially_credited", "refunded", "held_for_review")
 LOGIN_TTL_S = 3600
@@ -181,8 +182,10 @@ def run_page_response(
     form: dict[str, str] | None = None,
     limit_micros: int,
     daily_limit_micros: int,
+    statement_link: IssuedLink | None = None,
 ) -> Response[str]:
-    """The run page; actions re-render it with their error and the values typed so far."""
+    """The run page; actions re-render it with their error and the values typed so far,
+    and a statement link just issued, to copy (it is shown once, never stored)."""
     view = found.run
     evidence = view.decisions[-1].evidence_event_ids if view.decisions else []
     open_dispute = next((d for d in found.disputes if d.status == "open"), None)
@@ -200,6 +203,10 @@ def run_page_response(
         limit_micros=limit_micros,
         daily_limit_micros=daily_limit_micros,
         kinds=sorted({e.type for e in found.events}),
+        statement_link=statement_link,
+        statement_link_url=(
+            str(request.base_url).rstrip("/") + statement_link.path if statement_link else None
+        ),
     )
     response.status_code = status
     return response

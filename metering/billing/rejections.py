@@ -49,6 +49,16 @@ OUTCOMES = {
 }
 
 
+def counts_by_code(conn: psycopg.Connection[Any]) -> dict[str, int]:
+    """Meter events Stripe accepted and later rejected, by error code (the metric's source:
+    a send that looked fine must not hide in a "sent" count)."""
+    rows = conn.execute(
+        "SELECT split_part(note, ' ', 1), count(*) FROM stripe_deliveries "
+        "WHERE kind = 'meter_rejected' GROUP BY 1"
+    ).fetchall()
+    return {str(code): int(count) for code, count in rows}
+
+
 def sampled_errors(event: dict[str, Any]) -> list[tuple[str, str]]:
     """(meter identifier, error code) for each sample in a report's full ``data``."""
     reason = (event.get("data") or {}).get("reason") or {}

@@ -10,7 +10,7 @@ import psycopg
 
 from metering.disputes import audit
 from metering.keys import Principal
-from metering.runs import RunView, find_run_id, get_run_view
+from metering.runs import RunView, find_run_id, get_run_view, live_statuses
 
 SERVER_SIDE = "server"
 CLIENT_SIDE = "client"
@@ -56,6 +56,19 @@ class StripeState:
     attempts: int
     last_error: str | None
     deliveries: list[dict[str, Any]]
+
+    @property
+    def rejected_by_stripe(self) -> bool:
+        """Stripe answered 200, then reported the meter event invalid (an error report):
+        it never reaches the invoice, whatever the send looked like."""
+        return any(d.get("kind") == "meter_rejected" for d in self.deliveries)
+
+    @property
+    def label(self) -> str:
+        """The row's state in words: a dead-lettered rejection says who rejected it."""
+        if self.status == "dead" and self.rejected_by_stripe:
+            return "rejected by Stripe"
+        return self.status.replace("_", " ")
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +196,8 @@ def search_runs(
     """Runs of the tenant, newest first; ``queue`` = held for review or with an open dispute."""
     rows = conn.execute(
         """
-        SELECT r.subject, r.customer_id, r.status, r.outcome, r.gross_micros, r.billed_micros,
+        SELECT r.id, r.subject, r.customer_id, r.status, r.outcome, r.gross_micros,
+               r.billed_micros,
                r.credited_micros, r.last_event_at, r.ended_at,
                EXISTS (SELECT 1 FROM disputes d WHERE d.run_id = r.id AND d.status = 'open'),
                r.parked_at IS NOT NULL
@@ -211,4 +225,6 @@ def search_runs(
             "limit": limit,
         },
     ).fetchall()
-    return [RunSummary(*row) for row in rows]
+    # The stored status is a decision's; a page shows what GET /v1/runs says, live.
+    words = live_statuses(conn, [row[0] for row in rows])
+    return [RunSummary(row[1], row[2], words[row[0]], *row[4:]) for row in rows]

@@ -13,7 +13,7 @@ import psycopg
 from metering.errors import FieldError, forbidden, not_found, validation_error
 from metering.keys import Principal, Scope
 from metering.periods import period_close
-from metering.statements import query
+from metering.statements import links, query
 from metering.statements.query import StatementLine, StatementQuery, Totals
 
 MAX_PAGE = 1000
@@ -27,6 +27,36 @@ class StatementPage:
     totals: Totals
     lines: list[StatementLine]
     next_cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class IssuedLink:
+    customer: str
+    period: str
+    path: str  # on this API's host: the customer's browser opens it with no key
+    expires_at: datetime
+
+
+def issue_link(
+    conn: psycopg.Connection[Any],
+    principal: Principal,
+    customer: str,
+    period_text: str,
+    *,
+    pepper: str,
+    ttl_s: int,
+    now: datetime,
+) -> IssuedLink:
+    """A signed, expiring link to one customer's statement for one period, for support to
+    send: the API and the console both issue links here, so they follow one rule."""
+    if principal.scope not in (Scope.SUPPORT, Scope.ADMIN):
+        raise forbidden("only support and admin keys issue statement links")
+    period = query.parse_period(period_text, now)
+    authorize(conn, principal, customer)
+    expires_at = now + timedelta(seconds=ttl_s)
+    grant = links.StatementGrant(principal.tenant_id, customer, period, expires_at)
+    token = links.sign(pepper, grant)
+    return IssuedLink(customer, period, f"/v1/statement-links/{token}", expires_at)
 
 
 def authorize(conn: psycopg.Connection[Any], principal: Principal, customer: str) -> None:

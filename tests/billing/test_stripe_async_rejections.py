@@ -8,11 +8,20 @@ plans the rows again from what Stripe actually has: the invoice ends equal to th
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+from litestar.testing import TestClient
+
+from api.app import create_app
 from metering.billing.service import handle_webhooks
+from metering.config import Settings
+from metering.db import raw_transaction
+from metering.disputes.timeline import timeline
+from metering.keys import Principal, Scope
 from tests.billing.harness import (
     START,
     away_from_a_month_end,
@@ -30,6 +39,28 @@ from tests.helpers.processes import service_env
 
 pytestmark = away_from_a_month_end()
 RUNS = 8  # more than the report's five samples
+
+
+def assert_the_rejection_is_shown_where_people_look(
+    engine: Any, settings: Settings, run: str, count: int
+) -> None:
+    """Issue #15 item 5: a second `make up` once met a database keeping Stripe customer ids
+    a fresh emulator did not know; every meter event came back
+    ``meter_event_customer_not_found`` while the console said "sent". The console's Stripe
+    row and the metric now say what Stripe did."""
+    support = Principal("acme", Scope.SUPPORT, "test")
+    with raw_transaction(engine) as conn:
+        (row,) = timeline(conn, support, run).stripe
+    assert (row.status, row.label) == ("dead", "rejected by Stripe")
+    assert "meter_event_customer_not_found" in (row.last_error or "")
+    with TestClient(app=create_app(settings)) as client:
+        metrics = client.get("/metrics").text
+    found = re.findall(r'fairmeter_stripe_meter_events_rejected\{code="([^"]+)"\} (\S+)', metrics)
+    assert sum(float(n) for _, n in found) == count
+    assert {code for code, _ in found} <= {
+        "meter_event_customer_not_found",
+        "unsampled:meter_event_customer_not_found",
+    }
 
 
 def test_async_rejection_is_found_beyond_the_samples_retried_and_invoiced_once(
@@ -57,6 +88,7 @@ def test_async_rejection_is_found_beyond_the_samples_retried_and_invoiced_once(
         "SELECT count(*) FROM stripe_deliveries WHERE kind = 'meter_rejected'"
     ).fetchone()
     assert rejected == (RUNS,)
+    assert_the_rejection_is_shown_where_people_look(engine, settings, "run-0", RUNS)
 
     stripe_id = link("cust-0")
     retried = subprocess.run(

@@ -463,3 +463,51 @@ def test_support_credits_a_run_from_the_console_without_a_dispute(
         "SELECT count(*) FROM audit_log WHERE target_id = %s AND action = 'run.credit'", (run,)
     ).fetchone()[0]
     assert audit == 1
+
+
+def test_support_creates_a_statement_link_the_customer_opens_without_a_key(
+    live_server, page, make_key, runs, browser
+):
+    """Issue #15 item 12/13: the console issues the link the API can (support sends it)."""
+    run = runs["confirmed"]
+    sign_in(page, live_server, make_key(scope="support"))
+    page.goto(f"{live_server}/console/runs/{run}")
+    page.fill("#statement-period", "current")
+    page.click("#statement-link-create")
+    url = page.locator("#statement-link-url").input_value()
+    assert url.startswith(f"{live_server}/v1/statement-links/")
+    assert "cust-2" in page.locator("#statement-link-block").inner_text()
+
+    customer = browser.new_context()  # another person's browser: no session, no key
+    try:
+        tab = customer.new_page()
+        response = tab.goto(url)
+        assert response is not None and response.status == 200
+        assert "cust-2" in tab.locator("body").inner_text()
+    finally:
+        customer.close()
+
+    page.fill("#statement-period", "not-a-month")
+    page.click("#statement-link-create")
+    assert "Nothing was changed" in page.locator("#flash").inner_text()
+    assert page.locator("#statement-link-url").count() == 0
+
+
+def test_the_queue_and_the_api_use_the_same_words_for_a_running_run(
+    live_server, page, make_key, engine, settings, db
+):
+    """Issue #15 item 13: an unsettled run read "not settled" in the console while the API
+    said "Agent still running"; the console now shows the API's status and no other word."""
+    run = f"running-{uuid.uuid4().hex[:6]}"
+    ingest(engine, settings, [event(type="run.started", run=run, customer="cust-9", time=NOW)])
+    key = make_key(scope="support")
+    status = httpx.get(
+        f"{live_server}/v1/runs/{run}", headers={"Authorization": f"Bearer {key}"}
+    ).json()["status"]
+    sign_in(page, live_server, key)
+    page.goto(f"{live_server}/console?q={run}")
+    row = page.locator(f"#results tr[data-run='{run}']").inner_text()
+    assert status in row
+    assert "not settled" not in row.lower()
+    page.goto(f"{live_server}/console/runs/{run}")
+    assert "not settled" not in page.locator("main").inner_text().lower()

@@ -32,6 +32,8 @@ import pytest
 from metering.policy.status import AGENT_RUNNING
 from metering.prices import read_catalog_file
 from metering.pricing import PriceCatalog, TokenCounts
+from tests.helpers import ROOT
+from tests.helpers.browser import chromium
 from tests.helpers.events import STRUCTURED, auth, usage
 from tests.helpers.processes import free_port
 
@@ -251,6 +253,7 @@ def test_make_up_serves_an_event_and_ctrl_c_leaves_no_process_behind(launch):
     assert run.json()["gross_micros"] == priced.total_micros
 
     assert_the_readme_cli_reaches_this_instance(launch, base)
+    assert_the_readme_walks_from_a_first_event_to_a_credit(launch, base)
     assert_the_terminal_shows_the_summary_last_and_no_info_lines(launch)
 
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
@@ -288,6 +291,82 @@ def assert_the_readme_cli_reaches_this_instance(launch: Launch, base: str) -> No
     assert drift.returncode in (0, 1), drift.stderr  # 1: differences found, still answered
     # It printed its comparison: the emulator answered the summaries (no APIConnectionError).
     assert "difference(s)" in drift.stdout, drift.stderr
+
+
+WALKED_SECTIONS = ("## Sending a first event", "## From a first event to a statement and a credit")
+
+
+def readme_shell_steps(base: str) -> str:
+    """The README's bash blocks of the first-event sections, as typed in a second terminal:
+    only the address (``make up``'s default port) and ``uv run fairmeter`` (this checkout's
+    interpreter) are replaced."""
+    text = (ROOT / "README.md").read_text()
+    blocks = []
+    for heading in WALKED_SECTIONS:
+        section = text.split(heading, 1)[1].split("\n## ", 1)[0]
+        blocks += re.findall(r"```bash\n(.*?)```", section, flags=re.S)
+    assert len(blocks) >= 3, "the README's first-event sections lost their commands"
+    script = "\n".join(blocks)
+    assert "http://127.0.0.1:8000" in script and "uv run fairmeter" in script
+    return script.replace("http://127.0.0.1:8000", base).replace(
+        "uv run fairmeter", f"{sys.executable} -m cli"
+    )
+
+
+def assert_the_readme_walks_from_a_first_event_to_a_credit(launch: Launch, base: str) -> None:
+    """Issue #15 "Done means": the README from a first event to a settled run, the statement
+    opened as the customer (a link, in a browser with no key) and a credit in the console."""
+    script = readme_shell_steps(base) + '\necho\necho "support-key=$FAIRMETER_SUPPORT_KEY"\n'
+    walked = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=launch.checkout,
+        env=launcher_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert walked.returncode == 0, walked.stdout + walked.stderr
+    assert '"accepted":1' in walked.stdout, walked.stdout
+    support_key = re.findall(r"^support-key=(fm_support_\S+)$", walked.stdout, flags=re.M)[-1]
+    run = httpx.get(f"{base}/v1/runs/run-42", headers=auth(support_key), timeout=10).json()
+    assert run["settled"] and run["outcome"] == "confirmed", run
+    assert run["billed_micros"] == run["gross_micros"] > 0
+
+    with chromium() as browser:
+        support = browser.new_context(viewport={"width": 1280, "height": 1000})
+        customer = browser.new_context()  # the customer's own browser: no session, no key
+        page = support.new_page()
+        page.set_default_timeout(30_000)
+        page.goto(f"{base}/console")
+        page.fill("#key", support_key)
+        page.click("#sign-in")
+        page.wait_for_url(f"{base}/console")
+        page.fill("#q", "run-42")
+        page.click("#search-button")
+        page.click("#results a:text-is('run-42')")
+        page.wait_for_url(f"{base}/console/runs/run-42")
+        page.click("#statement-link-create")
+        link = page.locator("#statement-link-url").input_value()
+
+        statement = customer.new_page()
+        statement.goto(link)
+        assert "run-42" in statement.locator("#runs").inner_text()
+        gross = statement.locator("#total-gross").inner_text()
+        assert statement.locator("#total-billed").inner_text() == gross
+
+        page.check("#credit-full")
+        page.fill("#credit-reason", "The README says a credit is one click away.")
+        page.click("#credit-review")
+        page.click("#confirm-yes")
+        page.wait_for_url(f"{base}/console/runs/run-42")
+        assert "credited to run run-42" in page.locator("#flash").inner_text()
+        statement.reload()
+        assert statement.locator("#total-credited").inner_text() == gross
+        assert statement.locator("#total-restored-runs").inner_text() == "1"
+    credited = httpx.get(f"{base}/v1/runs/run-42", headers=auth(support_key), timeout=10).json()
+    assert credited["credited_micros"] == run["gross_micros"]
+    assert credited["billed_micros"] == 0
 
 
 def assert_the_terminal_shows_the_summary_last_and_no_info_lines(launch: Launch) -> None:
