@@ -8,6 +8,7 @@ from litestar.datastructures import State
 from litestar.openapi.config import OpenAPIConfig
 
 from api.console import console_router
+from api.forwarded import ForwardedClient, trusted_proxies
 from api.ingest import post_events
 from api.logs import configure_logging
 from api.metrics import latency_middleware
@@ -27,18 +28,20 @@ from metering.config import Settings, load_settings, require_strong_pepper
 from metering.heap import freeze_startup_heap
 
 
-def create_served_app(settings: Settings | None = None) -> FairmeterApp:
+def create_served_app(settings: Settings | None = None) -> ForwardedClient:
     """The app as ``fairmeter serve`` runs it (uvicorn's factory): one per process, so once
     it has started, what it built is frozen out of the garbage collector's scans. A weak key
     pepper is refused here too, for uvicorn started by hand (``fairmeter serve`` checks it
-    first, with a one-line message)."""
+    first, with a one-line message). ``X-Forwarded-For`` is believed from
+    ``trusted_proxies`` only (api/forwarded.py)."""
     settings = settings or load_settings()
     require_strong_pepper(settings)
 
     async def freeze_heap() -> None:
         freeze_startup_heap()
 
-    return create_app(settings, on_startup=[freeze_heap])
+    app = create_app(settings, on_startup=[freeze_heap])
+    return ForwardedClient(app, trusted_proxies(settings.trusted_proxies))
 
 
 def create_app(

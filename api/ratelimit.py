@@ -7,11 +7,16 @@ reply is a 429 problem document with ``Retry-After``. Ingest keys also have an e
 per window, spent by each batch's event count after it is validated (``spend_event_budget``),
 so batching does not multiply what a key may store.
 
-A key id that this process has never found in the database is counted against the client
-address *before* it is looked up: forged keys with fresh ids, which would each cost a
-database read, cost at most the anonymous limit's worth per window. The address is the
-connecting peer's: uvicorn rewrites it from ``X-Forwarded-For`` only for the peers listed in
-``trusted_proxies`` (api/server.py).
+A key id that no API process has found in the database lately is counted against the
+client address *before* it is looked up: forged keys with fresh ids, which would each cost a
+database read, cost at most the anonymous limit's worth per window. The key ids found are
+shared in Redis (``<prefix>:found:<key id>``, kept for the key cache's TTL), because a
+process's own memory is not enough: behind a proxy every client has the proxy's address, and
+one tenant's forged flood at a freshly started process would otherwise refuse another
+tenant's first request there. Only ids found in the database are written, so a flood adds
+nothing to Redis; each forged key costs one Redis read (``EXISTS``), also once the address's
+budget is spent, but never a database read. The address is the connecting peer's, or the
+``X-Forwarded-For`` client when the peer is one of ``trusted_proxies`` (api/forwarded.py).
 
 Counting is asynchronous (``redis.asyncio``, no thread per request) and, for large limits,
 leased: a process takes 1 % of a window's budget from Redis in one ``INCRBY`` and spends it
@@ -112,7 +117,9 @@ class RateLimiter:
     """
 
     def __init__(self, client: redis.asyncio.Redis, keys: KeyStore, settings: Settings) -> None:
+        self._redis = client
         self._script = client.register_script(_WINDOW_SCRIPT)
+        self._found_ttl_ms = max(1, int(settings.key_cache_ttl_s * 1000))
         self._keys = keys
         self._settings = settings
         self._window_ms = max(1, int(settings.rate_limit_window_s * 1000))
@@ -184,9 +191,12 @@ class RateLimiter:
         """One request's verdict: counted against its key id when the key is valid (so
         nobody can spend another key's budget with a forged key), else its client address.
 
-        A key id the cache has never found is paid for out of the address's budget *before*
-        it is looked up: forged keys with fresh key ids then cost at most the anonymous limit
-        in database reads per window, and none once it is spent (unknown ids are cached too).
+        A key id that no process has found lately is paid for out of the address's budget
+        *before* it is looked up: forged keys with fresh key ids then cost at most the
+        anonymous limit in database reads per window, and none once it is spent (unknown ids
+        are cached too). A key id found by this process or, within the key cache's TTL, by
+        any other, skips that budget: another tenant's flood from the same address cannot
+        refuse it.
         """
         address = f"ip:{client_host}", self._settings.rate_limit_anonymous_requests
         token = _bearer_token(authorization)
@@ -197,19 +207,46 @@ class RateLimiter:
         except MeteringError:  # malformed, or known to be invalid: the handler answers 401
             return await self.hit(*address)
         if principal is None:  # a lookup ahead
+            key_id = _key_id(token)
             paid: Verdict | None = None
-            if not self._keys.was_found(token):
+            if not (self._keys.was_found(token) or await self._found_elsewhere(key_id)):
                 paid = await self.hit(*address)
                 if paid is not None and not paid.allowed:
                     return paid
             try:
                 principal = await to_thread.run_sync(self._keys.authenticate, token)
             except MeteringError:  # not a valid key: limited by address, the handler says 401
+                await self._share_if_found(token, key_id)  # a real id with a bad secret
                 return paid or await self.hit(*address)
             except Exception:  # the database is down: the handler answers 503
                 log.debug("rate limiter: key lookup failed, limiting by address")
                 return paid or await self.hit(*address)
+            await self._share_if_found(token, key_id)
         return await self.hit(f"key:{principal.key_id}", self._limits[principal.scope])
+
+    async def _found_elsewhere(self, key_id: str) -> bool:
+        """Whether some API process found ``key_id`` in the database within the key cache's
+        TTL (False when Redis cannot be asked: the address's hit then lets it through)."""
+        if time.monotonic() < self._redis_down_until:
+            return False
+        try:
+            return bool(await self._redis.exists(self._found_key(key_id)))
+        except redis.RedisError as exc:
+            self._open_circuit(exc)
+            return False
+
+    async def _share_if_found(self, token: str, key_id: str) -> None:
+        """Tell the other processes that ``key_id`` exists, for the key cache's TTL; called
+        after each database lookup, so a key in use stays shared and a forged id never is."""
+        if not self._keys.was_found(token) or time.monotonic() < self._redis_down_until:
+            return
+        try:
+            await self._redis.set(self._found_key(key_id), 1, px=self._found_ttl_ms)
+        except redis.RedisError as exc:
+            self._open_circuit(exc)
+
+    def _found_key(self, key_id: str) -> str:
+        return f"{self._settings.rate_limit_redis_prefix}:found:{key_id}"
 
     async def spend_events(self, key_id: str, events: int) -> Verdict | None:
         """Count a batch's events against its key's events budget (``None``: Redis is down)."""
@@ -248,6 +285,12 @@ async def spend_event_budget(limiter: RateLimiter | None, key: str, events: int)
             f"more than {verdict.limit} events in this window for this key; retry later",
             verdict.reset_s,
         )
+
+
+def _key_id(token: str) -> str:
+    parsed = parse_key(token)
+    assert parsed is not None  # authenticate_cached refused malformed keys already
+    return parsed.key_id
 
 
 def _bearer_token(authorization: str) -> str | None:

@@ -97,6 +97,9 @@ class Settings(BaseSettings):
     # Secrets. The pepper turns a stolen key table into useless HMACs. Served processes
     # refuse to start with the default, a placeholder or a short one (pepper_weakness).
     key_pepper: str = DEFAULT_KEY_PEPPER
+    # How long a process trusts a key lookup, and how long a key id found in the database is
+    # shared with the other API processes (in Redis, so the rate limiter lets it skip the
+    # client address's budget everywhere).
     key_cache_ttl_s: float = 30.0
     # Key ids each API process remembers (found and unknown ones apart, least recently used
     # evicted first), so a flood of forged ids cannot push the real keys out.
@@ -179,7 +182,8 @@ class Settings(BaseSettings):
     # After a Redis error the limiter lets requests through this long before asking again.
     rate_limit_redis_retry_s: float = 5.0
     # Peers whose X-Forwarded-For is believed (comma-separated IPs or CIDRs). Empty: nobody's,
-    # so the limiter counts the address that actually connected.
+    # so the limiter counts the address that actually connected. Required behind a proxy,
+    # else all its clients share one address's budget (the API warns once when it sees one).
     trusted_proxies: str = ""
     # How long a served API worker may take to start before its supervisor gives up on it.
     # uvicorn's own default (5 s) kills and restarts a worker still importing the app on a

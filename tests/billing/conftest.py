@@ -12,6 +12,7 @@ from devtools.stripe_emulator import EmulatorServer
 from devtools.stripe_emulator.control_client import EmulatorControl
 from metering.billing.service import link_customer
 from metering.config import Settings
+from tests.billing.harness import SNAPSHOT_SECRET, THIN_SECRET
 
 
 @pytest.fixture
@@ -39,8 +40,8 @@ def stripe_settings(settings: Settings, emulator: EmulatorServer) -> Settings:
             "stripe_backoff_max_s": 0.05,
             "stripe_push_threads": 20,
             "stripe_push_lease_s": 2,
-            "stripe_webhook_secret": "whsec_test",
-            "stripe_thin_webhook_secret": "whsec_thin_test",
+            "stripe_webhook_secret": SNAPSHOT_SECRET,
+            "stripe_thin_webhook_secret": THIN_SECRET,
             "stripe_summary_lag_s": 0.0,
         }
     )

@@ -17,23 +17,23 @@ from typing import Any
 from litestar.testing import TestClient
 
 from api.app import create_app
-from metering.billing.push import Pusher
-from metering.billing.service import handle_webhooks, link_customer
+from metering.billing.service import handle_webhooks
 from metering.config import Settings
 from metering.db import raw_transaction
 from metering.disputes.timeline import timeline
 from metering.keys import Principal, Scope
-from tests.billing.harness import drain
-from tests.billing.invoicing import (
-    Clocks,
+from tests.billing.harness import (
+    START,
     away_from_a_month_end,
+    big_run,
     billed_minor,
+    drain,
     finalize_month_of,
     invoiced_minor,
-    invoicing_settings,
-    subscribe_destinations,
+    link_unknown_to_stripe,
+    run_id_of,
+    start_invoicing,
 )
-from tests.billing.test_stripe_corrections import START, big_run
 from tests.helpers import ROOT
 from tests.helpers.processes import service_env
 
@@ -64,17 +64,16 @@ def assert_the_rejection_is_shown_where_people_look(
 
 
 def test_async_rejection_is_found_beyond_the_samples_retried_and_invoiced_once(
-    engine, settings, stripe_settings, db, control, sdk, webhook_api
+    engine, settings, stripe_settings, db, control, link, sdk, webhook_api
 ):
-    billing = invoicing_settings(stripe_settings)
-    control.settings(validation_mode="async")
-    subscribe_destinations(control, webhook_api)
-    clocks = Clocks(control)
-    clocks.start()
+    invoicing = start_invoicing(
+        stripe_settings, control, webhook_api, emulator={"validation_mode": "async"}
+    )
+    billing = invoicing.settings
     for number in range(RUNS):
         big_run(engine, billing, f"run-{number}", "cust-0")  # 120 units each
-    link_customer(engine, "acme", "cust-0", "cus_not_in_stripe")
-    pusher = Pusher(engine, billing, clock=clocks.clock)
+    link_unknown_to_stripe(engine, "cust-0")
+    pusher = invoicing.pusher(engine)
     drain(pusher, engine)
     assert db.execute("SELECT count(*) FROM stripe_outbox WHERE status = 'sent'").fetchone() == (
         RUNS,
@@ -91,8 +90,7 @@ def test_async_rejection_is_found_beyond_the_samples_retried_and_invoiced_once(
     assert rejected == (RUNS,)
     assert_the_rejection_is_shown_where_people_look(engine, settings, "run-0", RUNS)
 
-    stripe_id = str(sdk.v1.customers.create(params={"name": "cust-0"}).id)
-    link_customer(engine, "acme", "cust-0", stripe_id)
+    stripe_id = link("cust-0")
     retried = subprocess.run(
         [sys.executable, "-m", "cli", "stripe", "dead", "--retry-all"],
         cwd=ROOT,
@@ -104,7 +102,7 @@ def test_async_rejection_is_found_beyond_the_samples_retried_and_invoiced_once(
     )
     assert f"{RUNS} row(s) back to pending" in retried.stdout
     drain(pusher, engine)
-    finalize_month_of(START, clocks, engine, billing)
+    finalize_month_of(START, invoicing.clocks, engine, billing)
 
     assert invoiced_minor(sdk, stripe_id) == billed_minor(db, "cust-0")
     assert billed_minor(db, "cust-0") == {START.strftime("%Y-%m"): RUNS * 120}
@@ -116,16 +114,15 @@ def test_a_timestamp_rejected_as_too_old_is_planned_again_at_once_and_dated_now(
     """Our clock ran 40 days behind Stripe's: Stripe takes the event, then rejects it as
     older than its 35 days. That code needs no operator: the row is planned again at once,
     and the resend is dated now, in the open month, never back into a finalized one."""
-    billing = invoicing_settings(stripe_settings)
-    control.settings(validation_mode="async")
-    subscribe_destinations(control, webhook_api)
-    clocks = Clocks(control)
-    clocks.start()
+    invoicing = start_invoicing(
+        stripe_settings, control, webhook_api, emulator={"validation_mode": "async"}
+    )
+    billing, clocks = invoicing.settings, invoicing.clocks
     big_run(engine, billing, "run-old", "cust-f")
     stripe_id = link("cust-f")
     later = datetime.now(UTC) + timedelta(days=40)
     control.set_clock(int(later.timestamp()), frozen=True)  # Stripe's clock only
-    pusher = Pusher(engine, billing, clock=clocks.clock)
+    pusher = invoicing.pusher(engine)
     drain(pusher, engine)
     control.issue_error_reports()
     handle_webhooks(engine, billing)
@@ -135,7 +132,7 @@ def test_a_timestamp_rejected_as_too_old_is_planned_again_at_once_and_dated_now(
     clocks.jump(later)  # our clock catches up
     drain(pusher, engine)
     events = {e["identifier"]: e for e in control.state()["meter_events"]}
-    (run_id,) = db.execute("SELECT id FROM runs WHERE subject = 'run-old'").fetchone()
+    run_id = run_id_of(db, "run-old")
     assert events[f"run:{run_id}:v1"]["error_code"] == "timestamp_too_far_in_past"
     resent = events[f"run:{run_id}:v1:g1"]
     assert resent["error_code"] is None and resent["timestamp"] >= int(later.timestamp()) - 5

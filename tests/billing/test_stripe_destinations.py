@@ -12,7 +12,7 @@ import stripe
 from devtools.stripe_emulator.webhooks import signature_header
 from metering.billing.gateway import build_client
 from metering.billing.ratelimit import RateLimiter
-from tests.billing.invoicing import SNAPSHOT_SECRET, THIN_SECRET
+from tests.billing.harness import SNAPSHOT_SECRET, THIN_SECRET
 
 THIN = {
     "id": "evt_thin_1",

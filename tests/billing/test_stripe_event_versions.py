@@ -12,7 +12,7 @@ import logging
 from datetime import UTC, datetime, timedelta
 
 from metering.billing.service import handle_webhooks
-from tests.billing.invoicing import SNAPSHOT_SECRET, Clocks, invoicing_settings, month_end
+from tests.billing.harness import SNAPSHOT_SECRET, Clocks, invoicing_settings, month_end
 
 OLD_VERSION = "2024-06-20"
 

@@ -9,9 +9,8 @@ import sys
 import time
 from collections import Counter
 
-from metering.billing.push import Pusher
 from metering.db import raw_transaction
-from tests.billing.harness import drain, settled_runs
+from tests.billing.harness import push_all, settled_runs
 from tests.helpers import ROOT
 from tests.helpers.processes import service_env
 
@@ -47,7 +46,7 @@ def test_2000_runs_arrive_exactly_once_through_30_percent_faults(
         link(f"cust-{i}")
     control.settings(timeout_s=0.4)
     control.inject_faults(rate=0.3, kinds=["429", "500", "timeout", "drop_after_commit"], seed=7)
-    reports = drain(Pusher(engine, stripe_settings), engine, deadline_s=240)
+    reports = push_all(engine, stripe_settings, deadline_s=240)
     control.clear_faults()
     state = control.state()
     faults = {k: v for k, v in state["counters"].items() if k.startswith("fault:")}
@@ -96,7 +95,7 @@ def test_pusher_killed_mid_push_then_restarted_sends_exactly_once(
     assert pending > 0 and sent_before < 300
     control.clear_faults()
     time.sleep(2.1)  # the dead pusher's claims expire
-    drain(Pusher(engine, stripe_settings), engine)
+    push_all(engine, stripe_settings)
     identifiers = Counter(e["identifier"] for e in control.state()["meter_events"])
     assert max(identifiers.values()) == 1
     assert stripe_totals(control) == ledger_billed_by_stripe_customer(db)

@@ -7,25 +7,22 @@ invoice's currency, EUR here, so nothing is USD by accident).
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
-from metering.billing.push import Pusher
 from metering.billing.service import handle_webhooks
-from metering.settlement.runner import settle_due_now
-from tests.billing.harness import drain
-from tests.billing.invoicing import (
-    Clocks,
+from tests.billing.harness import (
+    START,
     away_from_a_month_end,
+    big_run,
     billed_minor,
+    credit,
+    drain,
     finalize_month_of,
     invoiced_minor,
-    invoicing_settings,
+    late_usage,
     period_of,
-    subscribe_destinations,
+    start_invoicing,
 )
-from tests.billing.test_stripe_corrections import START, big_run, credit
-from tests.helpers.events import usage
-from tests.helpers.ingest import ingest
 
 pytestmark = away_from_a_month_end()
 DECEMBER = START.strftime("%Y-%m")
@@ -34,28 +31,18 @@ DECEMBER = START.strftime("%Y-%m")
 def test_correction_across_a_finalized_boundary_goes_to_the_open_period_and_a_credit_note(
     engine, stripe_settings, db, control, link, sdk, webhook_api
 ):
-    settings = invoicing_settings(stripe_settings)
-    control.settings(default_currency="eur")
-    subscribe_destinations(control, webhook_api)
-    clocks = Clocks(control)
-    clocks.start()
+    invoicing = start_invoicing(
+        stripe_settings, control, webhook_api, emulator={"default_currency": "eur"}
+    )
+    settings, clocks = invoicing.settings, invoicing.clocks
     big_run(engine, settings, "run-a", "cust-a")  # 1,200,000 micros: 120 units
     stripe_id = link("cust-a")
-    pusher = Pusher(engine, settings, clock=clocks.clock)
+    pusher = invoicing.pusher(engine)
     drain(pusher, engine)
     finalize_month_of(START, clocks, engine, settings)
 
     # Late usage of the run: its month is invoiced, so the increase is dated now (open).
-    late = usage(
-        run="run-a",
-        customer="cust-a",
-        step=3,
-        input_tokens=50_000,
-        output_tokens=10_000,
-        time=START + timedelta(minutes=2.5),
-    )
-    ingest(engine, settings, [late])
-    settle_due_now(engine, settings, now=datetime.now(UTC))
+    late_usage(engine, settings, "run-a", "cust-a")
     drain(pusher, engine)
     (increase,) = [e for e in control.state()["meter_events"] if e["identifier"].endswith(":v2")]
     assert period_of(increase["timestamp"]) != DECEMBER
@@ -77,14 +64,13 @@ def test_correction_across_a_finalized_boundary_goes_to_the_open_period_and_a_cr
 def test_decrease_after_payment_is_a_refunding_credit_note_issued_exactly_once(
     engine, stripe_settings, db, control, link, sdk, webhook_api
 ):
-    settings = invoicing_settings(stripe_settings)
-    control.settings(default_currency="eur")
-    subscribe_destinations(control, webhook_api)
-    clocks = Clocks(control)
-    clocks.start()
+    invoicing = start_invoicing(
+        stripe_settings, control, webhook_api, emulator={"default_currency": "eur"}
+    )
+    settings, clocks = invoicing.settings, invoicing.clocks
     big_run(engine, settings, "run-b", "cust-b")
     stripe_id = link("cust-b")
-    pusher = Pusher(engine, settings, clock=clocks.clock)
+    pusher = invoicing.pusher(engine)
     drain(pusher, engine)
     finalize_month_of(START, clocks, engine, settings)
     (invoice,) = sdk.v1.invoices.list(params={"customer": stripe_id}).data

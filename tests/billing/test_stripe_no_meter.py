@@ -14,21 +14,14 @@ from metering.billing import outbox
 from metering.billing.push import Pusher
 from metering.billing.service import handle_webhooks
 from metering.db import raw_transaction
-from tests.billing.harness import drain
-from tests.billing.invoicing import UNIT_MICROS, invoicing_settings, subscribe_destinations
-from tests.billing.test_stripe_corrections import big_run
-
-
-def _create_meter(sdk, event_name: str) -> None:
-    sdk.v1.billing.meters.create(
-        params={
-            "display_name": "Fairmeter billed usage",
-            "event_name": event_name,
-            "default_aggregation": {"formula": "sum"},
-            "customer_mapping": {"event_payload_key": "stripe_customer_id", "type": "by_id"},
-            "value_settings": {"event_payload_key": "value"},
-        }
-    )
+from tests.billing.harness import (
+    UNIT_MICROS,
+    big_run,
+    create_meter,
+    drain,
+    invoicing_settings,
+    subscribe_destinations,
+)
 
 
 def test_no_meter_report_dead_letters_the_row_and_a_retry_after_the_meter_exists_bills_it(
@@ -56,7 +49,7 @@ def test_no_meter_report_dead_letters_the_row_and_a_retry_after_the_meter_exists
     ).fetchone()
     assert effect == (0,)  # the rejected event never reached Stripe's totals
 
-    _create_meter(sdk, settings.stripe_meter_event_name)  # the operator's fix
+    create_meter(sdk, settings.stripe_meter_event_name, "Fairmeter billed usage")  # the fix
     with raw_transaction(engine) as conn:
         assert outbox.retry_dead(conn, None, [], settings.stripe_meter_unit_micros) == 1
     drain(pusher, engine)

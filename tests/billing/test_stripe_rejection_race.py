@@ -11,10 +11,8 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from metering.billing.push import Pusher
-from metering.billing.service import handle_webhooks, link_customer
-from tests.billing.invoicing import Clocks, invoicing_settings, subscribe_destinations
-from tests.billing.test_stripe_corrections import big_run
+from metering.billing.service import handle_webhooks
+from tests.billing.harness import big_run, link_unknown_to_stripe, start_invoicing
 
 SLOW_S = 6.0  # how long Stripe holds the meter event's 200: the window of the race
 
@@ -29,15 +27,18 @@ def _wait_for(predicate, deadline_s: float = 60.0) -> None:
 def test_rejection_reported_while_the_pusher_awaits_that_rows_reply_applies_after_it_records(
     engine, stripe_settings, db, control, webhook_api
 ):
-    billing = invoicing_settings(stripe_settings, stripe_timeout_s=60.0)
-    control.settings(validation_mode="async", slow_s=SLOW_S)
-    subscribe_destinations(control, webhook_api)
-    clocks = Clocks(control)
-    clocks.start()
+    invoicing = start_invoicing(
+        stripe_settings,
+        control,
+        webhook_api,
+        emulator={"validation_mode": "async", "slow_s": SLOW_S},
+        stripe_timeout_s=60.0,
+    )
+    billing = invoicing.settings
     big_run(engine, billing, "run-r", "cust-r")
-    link_customer(engine, "acme", "cust-r", "cus_not_in_stripe")  # Stripe rejects it later
+    link_unknown_to_stripe(engine, "cust-r")  # Stripe rejects it later
     control.inject_faults(next=["slow"], path="/v1/billing/meter_events", method="POST")
-    pusher = Pusher(engine, billing, clock=clocks.clock)
+    pusher = invoicing.pusher(engine)
 
     with ThreadPoolExecutor(max_workers=1) as pool:
         sending = pool.submit(pusher.push_due)

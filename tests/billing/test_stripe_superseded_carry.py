@@ -12,9 +12,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 from metering.billing.push import Pusher
-from tests.billing.harness import drain
-from tests.billing.invoicing import UNIT_MICROS, invoicing_settings
-from tests.billing.test_stripe_corrections import big_run, credit, events_of, run_id_of
+from tests.billing.harness import (
+    UNIT_MICROS,
+    big_run,
+    credit,
+    drain,
+    events_of,
+    invoicing_settings,
+    run_id_of,
+)
 
 
 def _carry_from_deliveries(db: Any, customer: str) -> int:

@@ -9,12 +9,8 @@ from datetime import UTC, datetime, timedelta
 import httpx
 
 from devtools.stripe_emulator.webhooks import signature_header
-from metering.billing.push import Pusher
 from metering.billing.service import drift, handle_webhooks
-from tests.billing.harness import drain, settled_runs
-
-SECRET = "whsec_test"
-THIN_SECRET = "whsec_thin_test"
+from tests.billing.harness import SNAPSHOT_SECRET, THIN_SECRET, push_all, settled_runs
 
 
 def invoice_event(customer: str = "cus_x") -> dict:
@@ -48,7 +44,7 @@ def test_valid_webhook_delivered_five_times_is_stored_and_handled_once(
 ):
     outcome = control.deliver_webhook(
         url=f"{webhook_api}/webhooks/stripe",
-        secret=SECRET,
+        secret=SNAPSHOT_SECRET,
         type="invoice.finalized",
         customer="cus_abc",
         period_start=1_790_000_000,
@@ -68,16 +64,18 @@ def test_tampered_wrong_secret_and_stale_webhooks_are_400_and_not_stored(webhook
     payload = json.dumps(invoice_event())
     now = int(time.time())
     tampered = post_signed(
-        webhook_api, payload.replace("cus_x", "cus_y"), signature_header(payload, SECRET, now)
+        webhook_api,
+        payload.replace("cus_x", "cus_y"),
+        signature_header(payload, SNAPSHOT_SECRET, now),
     )
     wrong_secret = post_signed(webhook_api, payload, signature_header(payload, "whsec_other", now))
-    stale = post_signed(webhook_api, payload, signature_header(payload, SECRET, now - 301))
+    stale = post_signed(webhook_api, payload, signature_header(payload, SNAPSHOT_SECRET, now - 301))
     unsigned = httpx.post(f"{webhook_api}/webhooks/stripe", content=payload, timeout=10)
     for reply in (tampered, wrong_secret, stale, unsigned):
         assert reply.status_code == 400, reply.text
         assert reply.headers["content-type"].startswith("application/problem+json")
     assert db.execute("SELECT count(*) FROM stripe_webhook_inbox").fetchone() == (0,)
-    fresh = post_signed(webhook_api, payload, signature_header(payload, SECRET, now))
+    fresh = post_signed(webhook_api, payload, signature_header(payload, SNAPSHOT_SECRET, now))
     assert fresh.status_code == 200
 
 
@@ -88,7 +86,7 @@ def test_meter_error_report_thin_event_dead_letters_the_named_rows(
     settled_runs(engine, stripe_settings, runs=3, customers=1, kinds=("completed",))
     db.execute("UPDATE customers SET stripe_customer_id = 'cus_unknown_to_stripe'")
     db.execute("UPDATE stripe_outbox SET status = 'pending' WHERE status = 'waiting_customer'")
-    drain(Pusher(engine, stripe_settings), engine)  # accepted, then flagged by Stripe
+    push_all(engine, stripe_settings)  # accepted, then flagged by Stripe
     outcome = control.deliver_webhook(
         url=f"{webhook_api}/webhooks/stripe/thin",
         secret=THIN_SECRET,
@@ -105,7 +103,7 @@ def test_drift_check_reports_a_planted_difference_and_nothing_when_totals_agree(
 ):
     settled_runs(engine, stripe_settings, runs=30, customers=1)
     stripe_id = link("cust-0")
-    drain(Pusher(engine, stripe_settings), engine)
+    push_all(engine, stripe_settings)
     start = datetime.now(UTC) - timedelta(days=1)
     end = datetime.now(UTC) + timedelta(hours=1)
     assert drift(engine, stripe_settings, "acme", "cust-0", start, end) == []

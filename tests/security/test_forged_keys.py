@@ -6,10 +6,11 @@ import re
 
 import httpx
 import pytest
+import redis
 
 from api.auth import KeyStore
 from metering.errors import MeteringError
-from metering.keys import Scope, generate_key
+from metering.keys import Scope, generate_key, parse_key
 from tests.helpers.database import TEST_PEPPER
 from tests.helpers.events import auth
 from tests.security.harness import client_with, serve, unique_prefix
@@ -86,3 +87,55 @@ def test_a_flood_of_forged_ids_never_pushes_real_keys_out_of_the_cache(engine, m
     assert keys.lookups == looked_up  # the real keys are still cached
     assert not authenticates(keys, forged[-1])  # and recent forged ids are remembered
     assert keys.lookups == looked_up
+
+
+def test_a_key_found_by_one_process_is_not_refused_at_another_after_a_forged_flood(
+    settings, make_key, db, tmp_path
+):
+    """Behind a proxy every client shares one address. Tenant A's forged key ids spend that
+    address's budget at a freshly started process; tenant B's key, which another process
+    has found, must still get through there (it skips the address's budget)."""
+    b_key = make_key(tenant="tenant-b", scope="support")
+    prefix = unique_prefix()
+    limits = {
+        "FAIRMETER_RATE_LIMIT_ANONYMOUS_REQUESTS": "5",
+        "FAIRMETER_RATE_LIMIT_WINDOW_S": "60",
+        "FAIRMETER_RATE_LIMIT_REDIS_PREFIX": prefix,
+        "FAIRMETER_KEY_CACHE_TTL_S": "600",  # outlasts a slow start of the second process
+    }
+    with (
+        serve(settings, tmp_path, **limits) as one,
+        serve(settings, tmp_path, **limits) as two,
+        httpx.Client(timeout=10) as http,
+    ):
+        assert http.get(f"{one.base}/v1/runs/x", headers=auth(b_key)).status_code == 404
+        flood = []
+        while not flood or flood[-1] != 429:  # tenant A, at the other process
+            forged = generate_key(Scope.INGEST).raw
+            flood.append(http.get(f"{two.base}/v1/runs/x", headers=auth(forged)).status_code)
+            assert len(flood) <= 10
+        assert set(flood[:-1]) == {401}
+        assert http.get(f"{two.base}/v1/runs/x").status_code == 429  # the address is spent
+        b_first = http.get(f"{two.base}/v1/runs/x", headers=auth(b_key))
+    assert b_first.status_code == 404  # B's own reply (no such run), not A's 429
+    assert b_first.headers["RateLimit-Limit"] == "2000"  # counted against B's key alone
+
+
+def test_only_key_ids_found_in_the_database_are_shared_and_only_for_the_key_cache_ttl(
+    settings, make_key
+):
+    """What the processes share in Redis: the real key's id, expiring with the key cache;
+    a flood of forged ids adds nothing there."""
+    real = make_key(scope="support")
+    prefix = unique_prefix()
+    with client_with(settings, rate_limit_redis_prefix=prefix, key_cache_ttl_s=45.0) as client:
+        assert client.get("/v1/runs/x", headers=auth(real)).status_code == 404
+        for _ in range(10):
+            forged = generate_key(Scope.INGEST).raw
+            assert client.get("/v1/runs/x", headers=auth(forged)).status_code == 401
+    with redis.Redis.from_url(settings.redis_url) as shared:
+        found = [key.decode() for key in shared.scan_iter(f"{prefix}:found:*")]
+        parsed = parse_key(real)
+        assert parsed is not None
+        assert found == [f"{prefix}:found:{parsed.key_id}"]
+        assert 0 < shared.pttl(found[0]) <= 45_000

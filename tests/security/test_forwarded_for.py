@@ -1,11 +1,13 @@
-"""X-Forwarded-For is believed only from FAIRMETER_TRUSTED_PROXIES, so it buys no budget."""
+"""X-Forwarded-For is believed only from FAIRMETER_TRUSTED_PROXIES, so it buys no budget;
+a peer outside that list that forwards anyway gets one warning in the log."""
 
 from __future__ import annotations
 
 import httpx
 import pytest
 
-from tests.security.harness import serve, unique_prefix
+from tests.helpers.processes import wait_until
+from tests.security.harness import Served, serve, unique_prefix
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -26,10 +28,21 @@ def statuses(base: str, forwarded_for: list[str]) -> list[int]:
         ]
 
 
+WARNING = "FAIRMETER_TRUSTED_PROXIES does not list"
+
+
+def warnings(api: Served) -> int:
+    return api.logs().count(WARNING)
+
+
 def test_a_varying_x_forwarded_for_does_not_walk_around_the_anonymous_limit(settings, db, tmp_path):
     spoofed = [f"203.0.113.{i}" for i in range(1, 9)]
     with serve(settings, tmp_path, **limits()) as api:  # no trusted proxy: the default
         assert statuses(api.base, spoofed) == [401] * 3 + [429] * 5
+        # A proxy nobody listed: its clients share its budget, and the log says so, once.
+        assert wait_until(lambda: warnings(api) >= 1, timeout_s=10)
+        assert warnings(api) == 1
+        assert "from 127.0.0.1" in api.logs()
 
 
 def test_a_trusted_proxy_s_x_forwarded_for_names_the_client_that_is_limited(settings, db, tmp_path):
@@ -41,3 +54,19 @@ def test_a_trusted_proxy_s_x_forwarded_for_names_the_client_that_is_limited(sett
         # ...and one client is limited whatever the proxy in front of it adds.
         one_client = ["192.0.2.7", "192.0.2.7", "192.0.2.7", "192.0.2.7"]
         assert statuses(api.base, one_client) == [401] * 3 + [429]
+    assert warnings(api) == 0  # the peer is a trusted proxy: nothing to warn about
+
+
+def test_a_proxy_missing_from_the_trusted_list_is_warned_about_once(settings, db, tmp_path):
+    with serve(settings, tmp_path, FAIRMETER_TRUSTED_PROXIES="10.9.9.9", **limits()) as api:
+        with httpx.Client(base_url=api.base, timeout=10) as http:
+            assert http.get("/v1/runs/x").status_code == 401  # no header: nothing to say
+        assert warnings(api) == 0
+        # 127.0.0.1 is not 10.9.9.9: its header is not believed, its address is counted.
+        assert statuses(api.base, ["198.51.100.1", "198.51.100.2", "198.51.100.3"]) == [
+            401,
+            401,
+            429,
+        ]
+        assert wait_until(lambda: warnings(api) >= 1, timeout_s=10)
+    assert warnings(api) == 1
