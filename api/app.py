@@ -21,6 +21,7 @@ from api.runs import get_run, settle_run_now
 from api.schema_docs import OfflineRedocPlugin, schema_assets_router
 from api.services import Services
 from api.statements import create_statement_link, get_statement, open_statement_link
+from api.streams import STREAM_HANDLERS
 from api.stripe_webhooks import stripe_thin_webhook, stripe_webhook
 from api.support import SUPPORT_HANDLERS
 from metering.config import Settings, load_settings, require_strong_pepper
@@ -61,6 +62,7 @@ def create_app(
             get_statement,
             create_statement_link,
             open_statement_link,
+            *STREAM_HANDLERS,
             stripe_webhook,
             stripe_thin_webhook,
             healthz,

@@ -10,6 +10,7 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
     multiprocess,
@@ -28,6 +29,21 @@ KEY_LOOKUPS = Counter(
     "fairmeter_key_lookups_total",
     "API key lookups that read the database (cache misses), by whether the key id exists",
     ["result"],
+)
+
+
+# Open live status streams of this process (summed over the live worker processes).
+STREAMS_OPEN = Gauge(
+    "fairmeter_streams_open", "Open live status streams", multiprocess_mode="livesum"
+)
+STREAM_LISTENER_RECONNECTS = Counter(
+    "fairmeter_stream_listener_reconnects_total",
+    "Times a process's LISTEN connection for the live streams was lost and made again",
+)
+STREAM_CATCH_UPS = Counter(
+    "fairmeter_stream_catch_ups_total",
+    "Times a live stream read missed notifications back from the table (slow client, lost "
+    "listener, resume)",
 )
 
 

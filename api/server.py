@@ -33,4 +33,7 @@ def run_api(settings: Settings, host: str, port: int, workers: int = 1) -> None:
         # uvicorn pings each worker and kills one that does not answer in time, also while
         # it is still starting: too short, and a slow start becomes an endless restart.
         timeout_worker_healthcheck=settings.worker_start_timeout_s,
+        # Live status streams never end on their own: without a limit a SIGTERM would wait
+        # for every client to hang up.
+        timeout_graceful_shutdown=settings.shutdown_grace_s,
     )

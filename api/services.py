@@ -13,6 +13,7 @@ from sqlalchemy.engine import Engine
 from api.auth import KeyStore, bearer_key, require_scope
 from api.ingest_group import GroupCommitter
 from api.ratelimit import RateLimiter
+from api.stream_hub import StreamHub
 from metering.config import Settings
 from metering.db import create_db_engine, raw_transaction
 from metering.keys import Principal, Scope
@@ -29,6 +30,7 @@ class Services:
     redis_async: AsyncRedis  # for the rate limiter, on the event loop
     ingest_group: GroupCommitter | None  # None: one transaction per request
     limiter: RateLimiter | None  # None: rate limits are off
+    streams: StreamHub  # live status streams: the process's LISTEN connection and inboxes
 
     @classmethod
     def build(cls, settings: Settings) -> Services:
@@ -63,6 +65,7 @@ class Services:
             limiter=RateLimiter(redis_async, keys, settings)
             if settings.rate_limit_enabled
             else None,
+            streams=StreamHub(settings, engine),
         )
 
     def authenticate(self, request: Request[Any, Any, Any], *scopes: Scope) -> Principal:
@@ -77,6 +80,7 @@ class Services:
         return None if principal is None else require_scope(principal, *scopes)
 
     async def close(self) -> None:
+        await self.streams.close()
         self.engine.dispose()
         self.redis.close()
         await self.redis_async.aclose()

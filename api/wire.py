@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 import msgspec
 
@@ -102,3 +103,17 @@ class StatementReply(msgspec.Struct):
     totals: TotalsReply
     lines: list[StatementLineReply]
     next_cursor: str | None
+
+
+class StreamEvent(msgspec.Struct):
+    """The ``data:`` of one Server-Sent Event of a live status stream: a notification
+    (``data`` is its own fields, docs/events.md), or the stream's opening snapshot
+    (``run.status``: ``data`` is the run as ``GET /v1/runs/{run}`` shows it)."""
+
+    type: str
+    id: int
+    run: str | None
+    customer: str
+    created_at: datetime
+    schema_version: str
+    data: Any

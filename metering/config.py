@@ -189,6 +189,32 @@ class Settings(BaseSettings):
     # uvicorn's own default (5 s) kills and restarts a worker still importing the app on a
     # loaded host, forever: on a 2-core machine at load 13 no worker ever came up.
     worker_start_timeout_s: int = 120
+    # On SIGTERM uvicorn waits for open responses to finish; a live status stream never
+    # does, so after this long the API cuts what is still open (stream clients reconnect
+    # with Last-Event-ID to another process and lose nothing) and stops.
+    shutdown_grace_s: int = 10
+
+    # Live status streams (GET /v1/runs/{run}/stream, /v1/customers/{c}/stream, issue #16).
+    # A comment line this often keeps proxies and load balancers from closing an idle one.
+    stream_heartbeat_s: float = 15.0
+    # A stream ends after this long and the client resumes with Last-Event-ID (EventSource
+    # does so by itself): long-lived connections spread over new API processes, and a
+    # revoked key's stream stops within this time.
+    stream_max_s: float = 300.0
+    # Open streams per API process; one more is a 503 problem (each holds a socket). One key
+    # may hold this many of them, so that one tenant cannot take a process's streams from
+    # the others (one more is a 429).
+    stream_max_per_process: int = 1000
+    stream_max_per_key: int = 100
+    # Notifications waiting for one slow client; beyond this they are dropped from memory
+    # and the stream catches up from the notifications table instead.
+    stream_queue_items: int = 256
+    # The reconnection delay the stream suggests to clients (SSE ``retry:``).
+    stream_retry_ms: int = 2000
+    # The process's LISTEN connection: how long to wait before reconnecting after it was
+    # lost (doubling up to 30 s), and how often to check an idle one is still alive.
+    stream_listener_retry_s: float = 0.5
+    stream_listener_check_s: float = 10.0
 
     # Database pool.
     # Sized so 32 concurrent requests per process reuse connections instead of opening and

@@ -62,3 +62,26 @@ def id_problem(value: object, kind: IdKind) -> str | None:
 
 def is_valid_id(value: object, kind: IdKind) -> bool:
     return id_problem(value, kind) is None
+
+
+def lookup_problem(value: str, kind: IdKind) -> str | None:
+    """Why ``value`` cannot name any stored id of ``kind``, or ``None`` when it may.
+
+    Looser than :func:`id_problem` on purpose: ids stored before the grammar (``org-7/run-1``)
+    are still looked up. Refused are only values no column could hold — longer than the
+    column, or with a NUL or an unpaired surrogate, which PostgreSQL text cannot store — so
+    a route can answer 422 for them instead of a pointless lookup.
+    """
+    if not 0 < len(value) <= kind.max_chars:
+        return f"a {kind.noun} id is 1 to {kind.max_chars} characters"
+    if "\x00" in value or _unencodable(value):
+        return f"a {kind.noun} id cannot hold a NUL character or an unpaired surrogate"
+    return None
+
+
+def _unencodable(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False

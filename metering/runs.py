@@ -85,13 +85,18 @@ def visible_to(principal: Principal, customer_id: str) -> bool:
 
 def find_run_id(conn: psycopg.Connection[Any], principal: Principal, subject: str) -> int:
     """The run's id when the principal may see it; 404 otherwise (ids cannot be probed)."""
+    return find_run(conn, principal, subject)[0]
+
+
+def find_run(conn: psycopg.Connection[Any], principal: Principal, subject: str) -> tuple[int, str]:
+    """The run's id and customer when the principal may see it; 404 otherwise."""
     row = conn.execute(
         "SELECT id, customer_id FROM runs WHERE tenant_id = %s AND subject = %s",
         (principal.tenant_id, subject),
     ).fetchone()
     if row is None or not visible_to(principal, row[1]):
         raise not_found(f"no run {subject}", code="run_not_found")
-    return int(row[0])
+    return int(row[0]), str(row[1])
 
 
 def get_run_view(conn: psycopg.Connection[Any], principal: Principal, subject: str) -> RunView:

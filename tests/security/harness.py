@@ -28,6 +28,7 @@ class Served:
     base: str
     stdout: Path
     stderr: Path
+    process: subprocess.Popen[bytes] | None = None
 
     def logs(self) -> str:
         return self.stdout.read_text(errors="replace") + self.stderr.read_text(errors="replace")
@@ -59,7 +60,7 @@ def serve(
         base = f"http://127.0.0.1:{port}"
         try:
             wait_http(f"{base}/healthz", deadline_s=120)  # ~30 s to start on a loaded host
-            yield Served(base, out, err)
+            yield Served(base, out, err, proc)
         finally:
             proc.terminate()
             try:

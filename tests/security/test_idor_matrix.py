@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from litestar.testing import TestClient
 
 from metering.keys import Scope
 from tests.helpers.events import auth, usage
@@ -63,6 +64,7 @@ class Operation:
     scopes: tuple[str, ...] | None
     params: tuple[str, ...]
     body: str | None  # the component schema name of a JSON body, or the operation's own
+    streams: bool = False  # answers Server-Sent Events, which end only after stream_max_s
 
     @property
     def label(self) -> str:
@@ -83,7 +85,9 @@ def discover(doc: dict[str, Any]) -> list[Operation]:
                 content = spec["requestBody"]["content"]
                 ref = next(iter(content.values()))["schema"].get("$ref", "")
                 body = ref.rsplit("/", 1)[-1] or f"{method.upper()} {path}"
-            found.append(Operation(method.upper(), path, scopes, params, body))
+            ok = spec.get("responses", {}).get("200", {}).get("content", {})
+            streams = "text/event-stream" in ok
+            found.append(Operation(method.upper(), path, scopes, params, body, streams))
     return found
 
 
@@ -157,7 +161,9 @@ def test_the_matrix_knows_how_to_call_every_operation(document, tenant_a):
     assert not problems, "the IDOR matrix cannot call:\n" + "\n".join(problems)
 
 
-def test_no_key_reaches_another_tenants_or_customers_data(client, document, make_key, db, tenant_a):
+def test_no_key_reaches_another_tenants_or_customers_data(
+    client, document, make_key, db, tenant_a, settings
+):
     a = tenant_a
     # Untargeted writes last: tenant B's ingest of an event naming A's run and customer makes
     # B's own run of that name (run ids are per tenant), which later calls would then find.
@@ -181,14 +187,14 @@ def test_no_key_reaches_another_tenants_or_customers_data(client, document, make
     other_customer = make_key(tenant=a.tenant, scope="customer", customer="acme-other-customer")
     before = snapshot(db, a.tenant)
 
-    def call(op: Operation, key: str) -> Any:
+    def call(op: Operation, key: str, via: Any = client) -> Any:
         url = op.path.format(**{name: params[name] for name in op.params})
         headers = auth(key)
         content = None
         if op.body is not None:
             media_type, content = payloads[op.body]
             headers["content-type"] = media_type
-        return client.request(op.method, url, content=content, headers=headers)
+        return via.request(op.method, url, content=content, headers=headers)
 
     mismatches: list[str] = []
 
@@ -223,8 +229,12 @@ def test_no_key_reaches_another_tenants_or_customers_data(client, document, make
     assert not mismatches, "\n".join(mismatches)
     assert snapshot(db, a.tenant) == before, "tenant A's rows changed"
     # Control: tenant A's own keys do see every read target, so the 404s above are isolation.
-    for op in ops:
-        if op.method == "GET" and op.params:
-            reply = call(op, keys_a[op.scopes[0]])
-            assert reply.status_code == 200, f"{op.label} control: {reply.status_code}"
-            assert any(m in reply.text for m in a.markers), f"{op.label} control shows no data"
+    # A live stream is read from an app whose streams end soon, so its reply is complete.
+    from api.app import create_app
+
+    with TestClient(app=create_app(settings.model_copy(update={"stream_max_s": 0.5}))) as short:
+        for op in ops:
+            if op.method == "GET" and op.params:
+                reply = call(op, keys_a[op.scopes[0]], via=short if op.streams else client)
+                assert reply.status_code == 200, f"{op.label} control: {reply.status_code}"
+                assert any(m in reply.text for m in a.markers), f"{op.label} control: no data"

@@ -17,6 +17,9 @@ background thread sends the spool in order, in batches, and retries until the se
 committed each event. Ids are stable (:mod:`fairmeter_client.ids`), so a repeated call or a
 resent batch never counts twice. Events the server refuses end up in
 ``meter.dead_letters()`` with the server's problem details. See ``README.md`` here.
+
+``follow_run(base_url, key, run)`` (and ``follow_customer``) iterate over a run's status as
+it changes, reconnecting with ``Last-Event-ID`` after any drop (:mod:`fairmeter_client.follow`).
 """
 
 from fairmeter_client.errors import (
@@ -25,7 +28,9 @@ from fairmeter_client.errors import (
     MeterError,
     SpoolFullError,
     SpoolLockedError,
+    StreamRefusedError,
 )
+from fairmeter_client.follow import StatusEvent, follow_customer, follow_run
 from fairmeter_client.ids import event_id
 from fairmeter_client.meter import Meter, MeterStats
 from fairmeter_client.run import Run
@@ -41,5 +46,9 @@ __all__ = [
     "Run",
     "SpoolFullError",
     "SpoolLockedError",
+    "StatusEvent",
+    "StreamRefusedError",
     "event_id",
+    "follow_customer",
+    "follow_run",
 ]

@@ -39,3 +39,15 @@ class MeterConfigError(MeterError):
         self.status = status
         self.code = code
         self.detail = detail
+
+
+class StreamRefusedError(MeterError):
+    """The server refused to open a status stream (401, 403, 404, 422…): the key, its scope,
+    the run or customer, or the resume id is wrong for it. Following stops; retrying the
+    same request would be refused again."""
+
+    def __init__(self, status: int, code: str, detail: str) -> None:
+        super().__init__(f"HTTP {status} {code}: {detail}")
+        self.status = status
+        self.code = code
+        self.detail = detail

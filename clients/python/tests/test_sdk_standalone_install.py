@@ -16,7 +16,7 @@ SERVER_PACKAGES = ("litestar", "sqlalchemy", "sqlmodel", "celery", "psycopg", "s
 SNIPPET = """
 import importlib.metadata, importlib.util, json, sys, tempfile, os
 import fairmeter_client
-from fairmeter_client import Meter
+from fairmeter_client import Meter, StatusEvent, follow_run
 spool = os.path.join(tempfile.mkdtemp(), "spool.db")
 meter = Meter("http://127.0.0.1:9", "key", source="agent/x", spool_path=spool, start=False)
 with meter.run("run-1", customer="cust-1") as run:
