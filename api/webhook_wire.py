@@ -89,7 +89,15 @@ class DeliveryPageReply(msgspec.Struct):
 
 
 class RedeliverSince(msgspec.Struct, forbid_unknown_fields=True):
-    since: Annotated[datetime, msgspec.Meta(description="RFC 3339 with a time zone.")]
+    # A string, parsed by the handler: Litestar's lax decoding would take a number as a
+    # Unix time, which the schema does not promise.
+    since: Annotated[
+        str,
+        msgspec.Meta(
+            description="RFC 3339 with a time zone, e.g. 2026-12-01T12:00:00Z.",
+            extra_json_schema={"format": "date-time"},
+        ),
+    ]
 
 
 class Requeued(msgspec.Struct):

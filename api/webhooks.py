@@ -7,9 +7,11 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from anyio import to_thread
-from litestar import Request, delete, get, patch, post
+from litestar import Request, Response, delete, get, patch, post, route
 from litestar.datastructures import State
+from litestar.enums import HttpMethod
 from litestar.params import FromPath
+from litestar.routes import HTTPRoute
 
 from api.openapi_docs import AUTHENTICATED, keys, problems
 from api.services import Services
@@ -48,6 +50,18 @@ async def _as_admin(
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def _rfc3339(text: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        raise validation_error(
+            [FieldError("$.since", "invalid_time", "an RFC 3339 time with its zone, e.g. …Z")]
+        )
+    return moment
 
 
 @post(
@@ -219,18 +233,44 @@ async def redeliver_since(
     request: Request[Any, Any, Any], endpoint_id: FromPath[str], data: RedeliverSince, state: State
 ) -> Requeued:
     def work(services: Services, principal: Principal) -> Requeued:
-        if data.since.tzinfo is None:
-            raise validation_error(
-                [FieldError("$.since", "invalid_time", "give the time with its zone, e.g. …Z")]
-            )
+        since = _rfc3339(data.since)
         with raw_transaction(services.engine) as conn:
-            count = log.redeliver_since(conn, principal, endpoint_id, data.since, _now())
+            count = log.redeliver_since(conn, principal, endpoint_id, since, _now())
         return Requeued(count)
 
     return await _as_admin(request, state, work)
 
 
+def _options(path: str) -> Any:
+    """OPTIONS for a path that several handlers share, answering with all their methods.
+
+    Litestar 2 makes the OPTIONS handler when the first handler of a path is registered
+    and never updates its ``Allow`` (litestar-org/litestar#4169, fixed in 3.0): a client
+    asking what ``/v1/webhooks/endpoints`` allows was told POST only. This one reads the
+    route as finally built."""
+
+    def allow(request: Request[Any, Any, Any]) -> Response[None]:
+        template = request.scope.get("path_template")  # type: ignore[typeddict-item]
+        methods = {
+            method
+            for r in request.app.routes
+            if isinstance(r, HTTPRoute) and r.path_format == template
+            for method in r.methods
+        }
+        return Response(None, status_code=204, headers={"Allow": ", ".join(sorted(methods))})
+
+    return route(
+        path,
+        http_method=[HttpMethod.OPTIONS],
+        include_in_schema=False,
+        sync_to_thread=False,
+        name=f"options:{path}",
+    )(allow)
+
+
 WEBHOOK_HANDLERS = [
+    _options("/v1/webhooks/endpoints"),
+    _options(ENDPOINT),
     create_endpoint,
     list_endpoints,
     get_endpoint,
