@@ -200,7 +200,7 @@ def record(
             result.started_at,
             result.status_code,
             result.latency_ms,
-            result.excerpt,
+            result.excerpt[:EXCERPT_CHARS] if result.excerpt else None,
             result.error,
         ),
     )
