@@ -1,6 +1,7 @@
 """The Fairmeter client for agent backends: report runs as CloudEvents, never lose one.
 
-Install-side dependencies: the standard library and ``httpx`` only (no server code)::
+Install-side dependencies: the standard library, ``httpx`` and ``standardwebhooks`` only (no
+server code)::
 
     from fairmeter_client import Meter
 
@@ -17,6 +18,8 @@ background thread sends the spool in order, in batches, and retries until the se
 committed each event. Ids are stable (:mod:`fairmeter_client.ids`), so a repeated call or a
 resent batch never counts twice. Events the server refuses end up in
 ``meter.dead_letters()`` with the server's problem details. See ``README.md`` here.
+
+A receiver of Fairmeter's webhooks verifies them with :func:`fairmeter_client.webhooks.verify`.
 """
 
 from fairmeter_client.errors import (
