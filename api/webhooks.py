@@ -250,7 +250,7 @@ def _options(path: str) -> Any:
     route as finally built."""
 
     def allow(request: Request[Any, Any, Any]) -> Response[None]:
-        template = request.scope.get("path_template")  # type: ignore[typeddict-item]
+        template = request.scope.get("path_template")
         methods = {
             method
             for r in request.app.routes
