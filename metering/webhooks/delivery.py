@@ -186,15 +186,15 @@ def record(
     endpoint's failure streak, and disabling it once it has failed long enough. ``False``
     when the message was no longer this sender's (its lease ran out and another took it):
     the attempt is kept in the log, its consequence is the other sender's to record."""
+    # The endpoint (and with it the message) may have been deleted meanwhile: nothing to log.
     conn.execute(
         """
         INSERT INTO webhook_attempts (message_id, attempt, outcome, started_at, status_code,
                                       latency_ms, response_excerpt, error)
-        VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
+        SELECT id, %s, %s, %s, %s, %s, %s, %s FROM webhook_messages WHERE id = %s
         ON CONFLICT (message_id, attempt) DO NOTHING
         """,
         (
-            message.id,
             message.attempt,
             "delivered" if result.delivered else "failed",
             result.started_at,
@@ -202,6 +202,7 @@ def record(
             result.latency_ms,
             result.excerpt[:EXCERPT_CHARS] if result.excerpt else None,
             result.error,
+            message.id,
         ),
     )
     now = result.started_at
