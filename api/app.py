@@ -24,6 +24,7 @@ from api.statements import create_statement_link, get_statement, open_statement_
 from api.streams import STREAM_HANDLERS
 from api.stripe_webhooks import stripe_thin_webhook, stripe_webhook
 from api.support import SUPPORT_HANDLERS
+from api.webhooks import WEBHOOK_HANDLERS
 from metering.config import Settings, load_settings, require_strong_pepper
 from metering.heap import freeze_startup_heap
 
@@ -69,6 +70,7 @@ def create_app(
             readyz,
             metrics,
             *SUPPORT_HANDLERS,
+            *WEBHOOK_HANDLERS,
             console_router,
             schema_assets_router(),
         ],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from anyio import to_thread
 from litestar import Request, get, post
 from litestar.datastructures import State
@@ -11,55 +12,17 @@ from litestar.params import FromPath
 
 from api.openapi_docs import AUTHENTICATED, keys, problems
 from api.services import Services
-from api.wire import DecisionReply, RunReply
+from api.wire import RunReply
 from metering.db import raw_transaction
 from metering.keys import Principal, Scope
-from metering.runs import DecisionView, RunView, find_run_id, get_run_view
+from metering.runs import RunView, find_run_id, get_run_view, run_document
 from metering.settlement.runner import now_utc
 from metering.settlement.settle import settle_runs
 
 
 def run_reply(view: RunView) -> RunReply:
-    return RunReply(
-        run=view.run,
-        customer=view.customer,
-        status=view.status,
-        outcome=view.outcome,
-        gross_micros=view.gross_micros,
-        billed_micros=view.billed_micros,
-        credited_micros=view.credited_micros,
-        held_micros=view.held_micros,
-        tentative_micros=view.tentative_micros,
-        rule_ids=view.rule_ids,
-        explanation=view.explanation,
-        decisions=[_decision(d) for d in view.decisions],
-        event_count=view.event_count,
-        event_counts=view.event_counts,
-        attempts=view.attempts,
-        first_event_at=view.first_event_at,
-        last_event_at=view.last_event_at,
-        last_received_at=view.last_received_at,
-        terminal_at=view.terminal_at,
-        settled=view.settled,
-        reopened=view.reopened,
-    )
-
-
-def _decision(d: DecisionView) -> DecisionReply:
-    return DecisionReply(
-        version=d.version,
-        origin=d.origin,
-        outcome=d.outcome,
-        status=d.status,
-        gross_micros=d.gross_micros,
-        billed_micros=d.billed_micros,
-        credited_micros=d.credited_micros,
-        rule_ids=list(d.rule_ids),
-        evidence_event_ids=list(d.evidence_event_ids),
-        explanation=d.explanation,
-        period=d.period,
-        decided_at=d.decided_at,
-    )
+    """The wire type of ``run_document``, the one definition of a run's JSON shape."""
+    return msgspec.convert(run_document(view), RunReply)
 
 
 @get(

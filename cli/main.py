@@ -18,6 +18,7 @@ from cli.keys import keys
 from cli.operations import db, prices, serve, settle
 from cli.statement import statement
 from cli.support import support
+from cli.webhooks import webhooks
 from metering.errors import MeteringError
 
 DEV_COMMANDS = {
@@ -54,7 +55,7 @@ def main() -> None:
     """Fairmeter: usage metering and billing protection for AI-agent runs."""
 
 
-for command in (keys, prices, db, serve, settle, statement, support, stripe):
+for command in (keys, prices, db, serve, settle, statement, support, stripe, webhooks):
     main.add_command(command)
 
 

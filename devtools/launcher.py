@@ -135,6 +135,9 @@ def child_env(settings: Settings) -> dict[str, str]:
         env["FAIRMETER_STRIPE_WEBHOOK_SECRET"] = settings.stripe_webhook_secret
     if settings.stripe_thin_webhook_secret:
         env["FAIRMETER_STRIPE_THIN_WEBHOOK_SECRET"] = settings.stripe_thin_webhook_secret
+    # A development instance: webhook receivers are usually on this machine (loopback, plain
+    # http), which production refuses. Set it to false to try the SSRF guard.
+    env.setdefault("FAIRMETER_WEBHOOKS_ALLOW_PRIVATE", "true")
     return env
 
 

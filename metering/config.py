@@ -216,6 +216,37 @@ class Settings(BaseSettings):
     stream_listener_retry_s: float = 0.5
     stream_listener_check_s: float = 10.0
 
+    # Outbound webhooks (issue #16, docs/webhooks.md). Targets on loopback, private,
+    # link-local, multicast or reserved addresses and plain http are refused unless allowed
+    # (the tests and `make up`'s demo receive on loopback).
+    webhooks_allow_private: bool = False
+    # One attempt's limit: connect, send and read the answer each within it.
+    webhooks_timeout_s: float = 15.0
+    # The waits after each failed attempt (jittered by up to a fifth either way): eight
+    # attempts over about 28 hours, then the message is failed, visibly.
+    webhooks_retry_schedule_s: list[float] = Field(
+        default_factory=lambda: [5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 36000.0]
+    )
+    # An endpoint whose every attempt failed for this long is disabled, with the reason.
+    webhooks_disable_after_s: float = 3 * 24 * 3600
+    # After a rotation the old secret signs beside the new one this long.
+    webhooks_secret_overlap_s: float = 24 * 3600
+    # A sender renews its lease on the messages it holds every third of this, so a killed
+    # worker's messages are sent again within it.
+    webhooks_lease_s: float = 30.0
+    webhooks_fanout_interval_s: float = 1.0
+    webhooks_deliver_interval_s: float = 1.0
+    webhooks_fanout_batch: int = 500
+    webhooks_delivery_batch: int = 64
+    webhooks_delivery_threads: int = 8
+    # A delivery task keeps claiming what became due (a run's next message once the one
+    # before it is delivered) for this long before it leaves the rest to the next one.
+    webhooks_round_s: float = 10.0
+    # A notification id the fan-out passed over (its transaction had not committed yet) is
+    # looked for again until this long after: longer than any transaction that records one
+    # may stay open (the tasks' hard limit is 150 s).
+    webhooks_fanout_horizon_s: float = 600.0
+
     # Database pool.
     # Sized so 32 concurrent requests per process reuse connections instead of opening and
     # closing overflow ones (bench/ingest.py measured +40 % single-event throughput).

@@ -213,6 +213,52 @@ def live_statuses(conn: psycopg.Connection[Any], run_ids: Sequence[int]) -> dict
     }
 
 
+def run_document(view: RunView) -> dict[str, Any]:
+    """The run as ``GET /v1/runs/{run}`` shows it, defined here once: the API's reply and
+    the ``run`` of every webhook payload are this document (times as ``datetime``, which
+    both encode the same way)."""
+    return {
+        "run": view.run,
+        "customer": view.customer,
+        "status": view.status,
+        "outcome": view.outcome,
+        "gross_micros": view.gross_micros,
+        "billed_micros": view.billed_micros,
+        "credited_micros": view.credited_micros,
+        "held_micros": view.held_micros,
+        "tentative_micros": view.tentative_micros,
+        "rule_ids": list(view.rule_ids),
+        "explanation": view.explanation,
+        "decisions": [_decision_document(d) for d in view.decisions],
+        "event_count": view.event_count,
+        "event_counts": dict(view.event_counts),
+        "attempts": view.attempts,
+        "first_event_at": view.first_event_at,
+        "last_event_at": view.last_event_at,
+        "last_received_at": view.last_received_at,
+        "terminal_at": view.terminal_at,
+        "settled": view.settled,
+        "reopened": view.reopened,
+    }
+
+
+def _decision_document(d: DecisionView) -> dict[str, Any]:
+    return {
+        "version": d.version,
+        "origin": d.origin,
+        "outcome": d.outcome,
+        "status": d.status,
+        "gross_micros": d.gross_micros,
+        "billed_micros": d.billed_micros,
+        "credited_micros": d.credited_micros,
+        "rule_ids": list(d.rule_ids),
+        "evidence_event_ids": list(d.evidence_event_ids),
+        "explanation": d.explanation,
+        "period": d.period,
+        "decided_at": d.decided_at,
+    }
+
+
 def ledger_position(
     decision: DecisionView | None, gross_micros: int
 ) -> tuple[int | None, int | None, int | None]:

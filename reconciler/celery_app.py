@@ -66,6 +66,16 @@ def create_celery(settings: Settings | None = None) -> Celery:
                 "schedule": 5.0,
                 "options": {"expires": 5.0},
             },
+            "fan-out-webhooks": {
+                "task": "fairmeter.fan_out_webhooks",
+                "schedule": settings.webhooks_fanout_interval_s,
+                "options": {"expires": settings.webhooks_fanout_interval_s},
+            },
+            "deliver-webhooks": {
+                "task": "fairmeter.deliver_webhooks",
+                "schedule": settings.webhooks_deliver_interval_s,
+                "options": {"expires": settings.webhooks_deliver_interval_s},
+            },
             "check-stripe-drift": {
                 "task": "fairmeter.check_stripe_drift",
                 "schedule": settings.stripe_drift_interval_s,

@@ -9,9 +9,11 @@ from sqlalchemy.engine import Engine
 from metering.billing.push import Pusher
 from metering.config import Settings, load_settings
 from metering.db import create_db_engine
+from reconciler.webhook_sender import WebhookSender
 
 _engines: dict[int, Engine] = {}
 _pushers: dict[int, Pusher] = {}
+_senders: dict[int, WebhookSender] = {}
 
 
 def settings() -> Settings:
@@ -31,3 +33,11 @@ def pusher() -> Pusher:
     if pid not in _pushers:
         _pushers[pid] = Pusher(engine(), settings())
     return _pushers[pid]
+
+
+def webhook_sender() -> WebhookSender:
+    """An HTTP client (and its connection pool) per process, like the engine."""
+    pid = os.getpid()
+    if pid not in _senders:
+        _senders[pid] = WebhookSender()
+    return _senders[pid]

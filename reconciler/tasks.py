@@ -10,11 +10,15 @@ import logging
 from datetime import UTC, datetime, timedelta
 
 from metering.billing import service as billing
-from metering.settlement.runner import claim_due_chunks, settle_chunk
+from metering.settlement.runner import claim_due_chunks, now_utc, settle_chunk
+from metering.webhooks.delivery import deliver_due
+from metering.webhooks.fanout import fan_out_pending
 from reconciler.celery_app import app
-from reconciler.engine import engine, pusher, settings
+from reconciler.engine import engine, pusher, settings, webhook_sender
 
 log = logging.getLogger("fairmeter.tasks")
+# A kick still queued this long after it was sent is stale: beat has done its work since.
+KICK_EXPIRES_S = 30
 
 
 @app.task(name="fairmeter.ping")
@@ -37,6 +41,8 @@ def settle_run_chunk(run_ids: list[int]) -> int:
     report = settle_chunk(engine(), settings(), run_ids)
     if report.records and settings().stripe_enabled:
         push_stripe_outbox.delay()  # sent after the settlement committed
+    if report.decided:
+        fan_out_webhooks.apply_async(expires=KICK_EXPIRES_S)  # its notifications, at once
     return len(report.decided)
 
 
@@ -75,3 +81,19 @@ def check_stripe_drift() -> int:
                 },
             )
     return found
+
+
+@app.task(name="fairmeter.fan_out_webhooks")
+def fan_out_webhooks() -> int:
+    """Beat, and right after a settlement: new notifications → webhook messages, whose
+    delivery is kicked at once (sub-second, not at the next beat)."""
+    created = fan_out_pending(engine(), settings(), now_utc)
+    if created:
+        deliver_webhooks.apply_async(expires=KICK_EXPIRES_S)
+    return created
+
+
+@app.task(name="fairmeter.deliver_webhooks")
+def deliver_webhooks() -> int:
+    """Beat, and after a fan-out: send due webhook messages, outside any transaction."""
+    return deliver_due(engine(), settings(), webhook_sender(), now_utc)

@@ -21,6 +21,12 @@ from metering.models.settlement import DecisionRow
 from metering.models.statements import StatementLineRow
 from metering.models.support import AuditRow, DisputeRow, SupportCreditRow
 from metering.models.tenancy import ApiKeyRow, ConsoleSessionRow, CustomerRow, TenantRow
+from metering.models.webhooks import (
+    WebhookAttemptRow,
+    WebhookEndpointRow,
+    WebhookFanoutRow,
+    WebhookMessageRow,
+)
 
 __all__ = [
     "ApiKeyRow",
@@ -44,5 +50,9 @@ __all__ = [
     "SupportCreditRow",
     "TenantRow",
     "UsageLineRow",
+    "WebhookAttemptRow",
+    "WebhookEndpointRow",
+    "WebhookFanoutRow",
+    "WebhookMessageRow",
     "metadata",
 ]

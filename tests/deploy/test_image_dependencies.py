@@ -76,6 +76,9 @@ RUNTIME_ALLOW_LIST = frozenset(
         "sniffio",
         "sqlalchemy",
         "sqlmodel",
+        # Signs outbound webhooks exactly as receivers' verifiers check them (issue #16);
+        # standard library only.
+        "standardwebhooks",
         "stripe",
         "typing-extensions",
         "typing-inspection",

@@ -7,6 +7,10 @@ from __future__ import annotations
 TEST_PEPPER = "test-pepper-0123456789abcdef0123456789abcdef"  # strong enough to serve (32+ bytes)
 # Tables that hold a test's data; prices and the schema version survive between tests.
 DATA_TABLES = (
+    "webhook_attempts",
+    "webhook_messages",
+    "webhook_endpoints",
+    "webhook_fanout",
     "notifications",
     "audit_log",
     "disputes",

@@ -41,3 +41,35 @@ def reconciler_processes(settings: Any, tmp_path_factory: Any) -> Iterator[dict[
     finally:
         stop_celery(beat)
         stop_celery(worker)
+
+
+@pytest.fixture(scope="module")
+def webhook_worker(request: Any, settings: Any, tmp_path_factory: Any) -> Iterator[dict[str, Any]]:
+    """Worker and beat for webhook tests, with the module's ``WORKER_ENV`` on top (its
+    retry schedule, lease, whether loopback targets are allowed)."""
+    env = worker_env(settings, **getattr(request.module, "WORKER_ENV", {}))
+    redis.Redis.from_url(env["REDIS_URL"]).flushdb()
+    logs = tmp_path_factory.mktemp("webhooks")
+    worker = start_celery(
+        [
+            "worker",
+            "--concurrency",
+            "2",
+            "--loglevel",
+            "INFO",
+            "--hostname",
+            f"test-webhooks-{os.getpid()}@%h",
+        ],
+        env,
+        logs / "worker.log",
+    )
+    beat = start_celery(
+        ["beat", "--schedule", str(logs / "beat-schedule"), "--loglevel", "INFO"],
+        env,
+        logs / "beat.log",
+    )
+    try:
+        yield {"worker": worker, "beat": beat, "env": env, "logs": logs}
+    finally:
+        stop_celery(beat)
+        stop_celery(worker)

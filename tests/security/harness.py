@@ -86,18 +86,22 @@ def unique_prefix() -> str:
 
 @dataclass(frozen=True)
 class TenantData:
-    """What :func:`seed_tenant` stored: one customer's settled, held and refunded runs and an
-    open dispute, plus the strings that must never show up in another tenant's replies."""
+    """What :func:`seed_tenant` stored: one customer's settled, held and refunded runs, an
+    open dispute and a webhook endpoint with a message about the first run, plus the strings
+    that must never show up in another tenant's replies."""
 
     tenant: str
     customer: str
     runs: tuple[str, ...]
     dispute_id: int
     claim: str
+    endpoint_id: str
+    endpoint_description: str
+    message_id: str
 
     @property
     def markers(self) -> tuple[str, ...]:
-        return (self.customer, *self.runs, self.claim)
+        return (self.customer, *self.runs, self.claim, self.endpoint_description)
 
 
 def seed_tenant(engine: Any, settings: Settings, *, tenant: str = "acme") -> TenantData:
@@ -126,4 +130,35 @@ def seed_tenant(engine: Any, settings: Settings, *, tenant: str = "acme") -> Ten
     with raw_transaction(engine) as conn:
         support = Principal(tenant, Scope.SUPPORT, "seed")
         dispute_id = service.open_dispute(conn, support, runs[0], claim)
-    return TenantData(tenant, customer, runs, dispute_id, claim)
+    endpoint_id, description, message_id = seed_webhook(engine, settings, tenant, runs[0])
+    return TenantData(
+        tenant, customer, runs, dispute_id, claim, endpoint_id, description, message_id
+    )
+
+
+def seed_webhook(engine: Any, settings: Settings, tenant: str, run: str) -> tuple[str, str, str]:
+    """A webhook endpoint of ``tenant`` and one message to it about ``run``: (endpoint id,
+    its description, the message's id)."""
+    from datetime import UTC, datetime
+
+    from metering.db import raw_transaction
+    from metering.keys import Principal, Scope
+    from metering.webhooks.endpoints import EndpointSpec, create_endpoint
+    from metering.webhooks.fanout import fan_out
+    from tests.helpers.webhooks import notify
+
+    description = f"{tenant} secret webhook"
+    admin = Principal(tenant, Scope.ADMIN, "seed")
+    with raw_transaction(engine) as conn:
+        spec = EndpointSpec("https://93.184.215.14/hooks", description=description)
+        endpoint, _ = create_endpoint(conn, admin, spec, settings)
+        customer = conn.execute(
+            "SELECT customer_id FROM runs WHERE tenant_id = %s AND subject = %s", (tenant, run)
+        ).fetchone()[0]
+    notify(engine, "run.settled", tenant=tenant, customer_id=customer, run=run)
+    with raw_transaction(engine) as conn:
+        fan_out(conn, settings, datetime.now(UTC))
+        (message_id,) = conn.execute(
+            "SELECT msg_id FROM webhook_messages WHERE endpoint_id = %s", (endpoint.id,)
+        ).fetchone()
+    return endpoint.id, description, message_id

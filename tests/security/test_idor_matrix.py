@@ -54,6 +54,8 @@ TENANT_TABLES = (
     "runs",
     "statement_lines",
     "stripe_outbox",
+    "webhook_endpoints",
+    "webhook_messages",
 )
 
 
@@ -98,6 +100,8 @@ def path_values(data: TenantData) -> dict[str, str]:
         "period": datetime.now(UTC).strftime("%Y-%m"),
         "dispute_id": str(data.dispute_id),
         "token": "not-a-link",
+        "endpoint_id": data.endpoint_id,
+        "message_id": data.message_id,
     }
 
 
@@ -113,6 +117,9 @@ def bodies(data: TenantData) -> dict[str, tuple[str, bytes]]:
         "CreditRequest": as_json({"full": True, "reason": "probe"}),
         "ReasonRequest": as_json({"reason": "probe"}),
         "StatementLinkRequest": as_json({"period": "current"}),
+        "EndpointCreate": as_json({"url": "https://93.184.215.14/probe", "description": "probe"}),
+        "EndpointUpdate": as_json({"url": "https://93.184.215.14/probe", "enabled": False}),
+        "RedeliverSince": as_json({"since": "2020-01-01T00:00:00Z"}),
         "POST /v1/events": ("application/cloudevents+json", json.dumps(event).encode()),
     }
 

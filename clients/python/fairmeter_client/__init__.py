@@ -1,6 +1,7 @@
 """The Fairmeter client for agent backends: report runs as CloudEvents, never lose one.
 
-Install-side dependencies: the standard library and ``httpx`` only (no server code)::
+Install-side dependencies: the standard library, ``httpx`` and ``standardwebhooks`` only (no
+server code)::
 
     from fairmeter_client import Meter
 
@@ -20,6 +21,8 @@ resent batch never counts twice. Events the server refuses end up in
 
 ``follow_run(base_url, key, run)`` (and ``follow_customer``) iterate over a run's status as
 it changes, reconnecting with ``Last-Event-ID`` after any drop (:mod:`fairmeter_client.follow`).
+
+A receiver of Fairmeter's webhooks verifies them with :func:`fairmeter_client.webhooks.verify`.
 """
 
 from fairmeter_client.errors import (

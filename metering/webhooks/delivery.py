@@ -1,0 +1,319 @@
+"""Delivering messages: claim with a lease, send outside any transaction, record the attempt.
+
+Three short steps, as the Stripe pusher does (``metering/billing/claims.py``): a claim
+transaction takes due messages and leases them (``claimed_until``), the HTTP request runs
+with no transaction open, and each attempt is recorded in a transaction of its own. A
+worker killed mid-request stops renewing its lease; the message is claimed again once the
+lease runs out and sent again under the same ``webhook-id`` and body.
+
+Order: of one run's messages for one endpoint only the earliest pending one is ever
+claimed, so a ``run.resettled`` never overtakes its ``run.settled`` (it waits until that
+one is delivered or has finally failed). Other runs and endpoints go on meanwhile.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+from sqlalchemy.engine import Engine
+
+from metering.config import Settings
+from metering.db import raw_transaction
+from metering.leases import Heartbeat
+from metering.webhooks.schedule import GiveUp, after_failure, disabled_reason, should_disable
+from metering.webhooks.secrets import EndpointSeeds, signing_secrets
+from metering.webhooks.signing import signature_headers
+from metering.webhooks.targets import UrlRefused, connection_for
+
+EXCERPT_CHARS = 500
+# Claims serialise on this transaction advisory lock: the head-of-line rule reads other
+# rows' states, which two claims at once could each read before the other's lease.
+CLAIM_LOCK_KEY = 0x3E6B_0016
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    id: int
+    msg_id: str
+    attempt: int  # this attempt's number among all of the message's attempts
+    tries: int  # its number in the current round of retries
+    payload: str
+    endpoint_id: str
+    url: str
+    seeds: EndpointSeeds
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """One signed request, aimed at the address the SSRF check passed."""
+
+    url: str
+    headers: dict[str, str]
+    body: bytes
+    timeout_s: float
+    server_name: str | None  # the TLS name when ``url`` names an address
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """What came back: a status and the start of the body, or why nothing did."""
+
+    status_code: int | None
+    text: str = ""
+    error: str | None = None
+
+
+Send = Callable[[Outgoing], Reply]
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    started_at: datetime
+    delivered: bool
+    status_code: int | None
+    latency_ms: int
+    excerpt: str | None
+    error: str | None
+
+
+CLAIM = """
+WITH picked AS (
+    SELECT m.id FROM webhook_messages m
+    JOIN webhook_endpoints e ON e.id = m.endpoint_id
+    WHERE m.status = 'pending' AND m.next_attempt_at <= %(now)s
+      AND (m.claimed_until IS NULL OR m.claimed_until <= %(now)s)
+      AND e.enabled
+      AND (m.run_id IS NULL OR NOT EXISTS (
+          SELECT 1 FROM webhook_messages p
+          WHERE p.endpoint_id = m.endpoint_id AND p.run_id = m.run_id
+            AND p.status = 'pending' AND p.notification_id < m.notification_id))
+    ORDER BY m.next_attempt_at, m.id
+    LIMIT %(limit)s
+)
+UPDATE webhook_messages m
+SET claimed_until = %(until)s, attempts = m.attempts + 1, tries = m.tries + 1
+FROM picked, webhook_endpoints e
+WHERE m.id = picked.id AND e.id = m.endpoint_id
+RETURNING m.id, m.msg_id, m.attempts, m.tries, m.payload, e.id, e.url, e.secret_seed,
+          e.previous_secret_seed, e.previous_seed_expires_at
+"""
+
+
+def claim(
+    conn: psycopg.Connection[Any], now: datetime, limit: int, lease: timedelta
+) -> list[Claimed]:
+    """Lease up to ``limit`` due messages, each the head of its (endpoint, run) line, of
+    enabled endpoints, the longest due first."""
+    if limit <= 0:
+        return []
+    conn.execute("SELECT pg_advisory_xact_lock(%s)", (CLAIM_LOCK_KEY,))
+    rows = conn.execute(CLAIM, {"now": now, "limit": limit, "until": now + lease}).fetchall()
+    return [
+        Claimed(r[0], r[1], r[2], r[3], r[4], r[5], r[6], EndpointSeeds(r[7], r[8], r[9]))
+        for r in rows
+    ]
+
+
+RENEW = """
+UPDATE webhook_messages SET claimed_until = %(until)s
+WHERE id IN (
+    SELECT m.id FROM webhook_messages m
+    JOIN unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS h(id, attempt)
+      ON h.id = m.id AND h.attempt = m.attempts
+    WHERE m.status = 'pending' AND m.claimed_until IS NOT NULL
+    ORDER BY m.id FOR UPDATE OF m SKIP LOCKED
+)
+"""
+
+
+def renew(conn: psycopg.Connection[Any], held: Sequence[tuple[int, int]], until: datetime) -> None:
+    """Extend the lease on the (message, attempt) pairs a live sender still holds; a pair
+    already recorded, or claimed again by another sender, is left alone."""
+    if held:
+        conn.execute(
+            RENEW,
+            {"ids": [h[0] for h in held], "attempts": [h[1] for h in held], "until": until},
+        )
+
+
+def attempt(
+    message: Claimed, settings: Settings, send: Send, clock: Callable[[], datetime]
+) -> Attempt:
+    """Check the target, sign, send: one attempt, never raising for the receiver's faults."""
+    started = clock()
+    began = time.monotonic()
+
+    def done(status: int | None, text: str = "", error: str | None = None) -> Attempt:
+        elapsed = int((time.monotonic() - began) * 1000)
+        delivered = status is not None and 200 <= status < 300
+        excerpt = text[:EXCERPT_CHARS] if text else None
+        return Attempt(started, delivered, status, elapsed, excerpt, error)
+
+    try:
+        target = connection_for(message.url, allow_private=settings.webhooks_allow_private)
+    except UrlRefused as refused:
+        return done(None, error=f"refused: {refused.message}")
+    except (OSError, UnicodeError) as exc:
+        return done(None, error=f"cannot resolve the host: {exc}")
+    secrets = signing_secrets(message.seeds, settings.key_pepper, started)
+    body = message.payload.encode()
+    headers = signature_headers(message.msg_id, body, secrets, started)
+    headers["user-agent"] = "Fairmeter-Webhooks/1"
+    if target.host_header is not None:
+        headers["host"] = target.host_header
+    reply = send(
+        Outgoing(target.url, headers, body, settings.webhooks_timeout_s, target.server_name)
+    )
+    return done(reply.status_code, reply.text, reply.error)
+
+
+def record(
+    conn: psycopg.Connection[Any],
+    message: Claimed,
+    result: Attempt,
+    settings: Settings,
+    draw: Callable[[], float] = random.random,
+) -> bool:
+    """Store the attempt and its consequence: delivered, retried later, or failed; the
+    endpoint's failure streak, and disabling it once it has failed long enough. ``False``
+    when the message was no longer this sender's (its lease ran out and another took it):
+    the attempt is kept in the log, its consequence is the other sender's to record."""
+    # The endpoint (and with it the message) may have been deleted meanwhile: nothing to log.
+    conn.execute(
+        """
+        INSERT INTO webhook_attempts (message_id, attempt, outcome, started_at, status_code,
+                                      latency_ms, response_excerpt, error)
+        SELECT id, %s, %s, %s, %s, %s, %s, %s FROM webhook_messages WHERE id = %s
+        ON CONFLICT (message_id, attempt) DO NOTHING
+        """,
+        (
+            message.attempt,
+            "delivered" if result.delivered else "failed",
+            result.started_at,
+            result.status_code,
+            result.latency_ms,
+            result.excerpt[:EXCERPT_CHARS] if result.excerpt else None,
+            result.error,
+            message.id,
+        ),
+    )
+    now = result.started_at
+    if result.delivered:
+        status, next_at, finished = "delivered", None, now
+    else:
+        outcome = after_failure(message.tries, now, settings.webhooks_retry_schedule_s, draw)
+        if isinstance(outcome, GiveUp):
+            status, next_at, finished = "failed", None, now
+        else:
+            status, next_at, finished = "pending", outcome.at, None
+    updated = conn.execute(
+        """
+        UPDATE webhook_messages
+        SET status = %s, next_attempt_at = coalesce(%s, next_attempt_at), finished_at = %s,
+            claimed_until = NULL
+        WHERE id = %s AND attempts = %s AND status = 'pending'
+        """,
+        (status, next_at, finished, message.id, message.attempt),
+    ).rowcount
+    _endpoint_health(conn, message.endpoint_id, result, settings)
+    return updated == 1
+
+
+def _endpoint_health(
+    conn: psycopg.Connection[Any], endpoint_id: str, result: Attempt, settings: Settings
+) -> None:
+    if result.delivered:
+        conn.execute(
+            "UPDATE webhook_endpoints SET failing_since = NULL "
+            "WHERE id = %s AND failing_since IS NOT NULL",
+            (endpoint_id,),
+        )
+        return
+    row = conn.execute(
+        "UPDATE webhook_endpoints SET failing_since = coalesce(failing_since, %s) "
+        "WHERE id = %s RETURNING failing_since, enabled",
+        (result.started_at, endpoint_id),
+    ).fetchone()
+    if row is None or not row[1]:
+        return
+    failing_since = row[0]
+    if should_disable(failing_since, result.started_at, settings.webhooks_disable_after_s):
+        conn.execute(
+            "UPDATE webhook_endpoints SET enabled = false, disabled_reason = %s, "
+            "disabled_at = %s, updated_at = now() WHERE id = %s",
+            (disabled_reason(failing_since, result.started_at), result.started_at, endpoint_id),
+        )
+
+
+class _Held:
+    """The (message, attempt) pairs a round holds, for its heartbeat."""
+
+    def __init__(self) -> None:
+        self._pairs: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def add(self, messages: Sequence[Claimed]) -> None:
+        with self._lock:
+            self._pairs.update((m.id, m.attempt) for m in messages)
+
+    def drop(self, message: Claimed) -> None:
+        with self._lock:
+            self._pairs.pop(message.id, None)
+
+    def pairs(self) -> list[tuple[int, int]]:
+        with self._lock:
+            return list(self._pairs.items())
+
+
+def deliver_due(
+    engine: Engine, settings: Settings, send: Send, clock: Callable[[], datetime]
+) -> int:
+    """Claim and send due messages, up to ``webhooks_delivery_threads`` at a time, claiming
+    more as sends finish (a delivered message may free its run's next one) until nothing is
+    due or ``webhooks_round_s`` has passed; messages attempted."""
+    lease = timedelta(seconds=settings.webhooks_lease_s)
+    threads = max(1, settings.webhooks_delivery_threads)
+    deadline = time.monotonic() + settings.webhooks_round_s
+    held = _Held()
+
+    def renew_held(until: datetime) -> None:
+        with raw_transaction(engine) as conn:
+            renew(conn, held.pairs(), until)
+
+    def one(message: Claimed) -> None:
+        try:
+            result = attempt(message, settings, send, clock)
+            with raw_transaction(engine) as conn:
+                record(conn, message, result, settings)
+        finally:
+            held.drop(message)
+
+    sent = 0
+    running: set[Future[None]] = set()
+    heartbeat = Heartbeat(renew_held, lease, clock, name="webhooks", written_at=time.monotonic())
+    with heartbeat, ThreadPoolExecutor(threads, thread_name_prefix="webhook") as pool:
+        while True:
+            if time.monotonic() < deadline:
+                with raw_transaction(engine) as conn:
+                    claimed = claim(
+                        conn,
+                        clock(),
+                        min(threads - len(running), settings.webhooks_delivery_batch),
+                        lease,
+                    )
+                held.add(claimed)
+                sent += len(claimed)
+                running |= {pool.submit(one, m) for m in claimed}
+            if not running:
+                return sent
+            finished, running = wait(running, timeout=1.0, return_when=FIRST_COMPLETED)
+            for future in finished:
+                future.result()
