@@ -13,7 +13,7 @@ from metering.errors import not_found
 from metering.keys import Principal, Scope
 from metering.policy import HELD_FOR_REVIEW
 from metering.policy.facts import EventFact
-from metering.policy.status import RESETTLING, UNDER_REVIEW, live_status
+from metering.policy.status import live_status, run_status
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,14 +117,12 @@ def get_run_view(conn: psycopg.Connection[Any], principal: Principal, subject: s
     in_force = decisions[-1] if decisions else None
     reopened = decision_version > 0 and evidence_version > settled_version
     billed, credited, held = ledger_position(in_force, int(gross))
-    if parked_at is not None:
-        status = UNDER_REVIEW
-    elif reopened:
-        status = RESETTLING
-    elif in_force is not None:
-        status = in_force.status
-    else:
-        status = live_status(facts, terminal=terminal_at is not None)
+    status = run_status(
+        parked=parked_at is not None,
+        reopened=reopened,
+        decided=in_force.status if in_force else None,
+        live=lambda: live_status(facts, terminal=terminal_at is not None),
+    )
     return RunView(
         run_id=run_id,
         run=subject,

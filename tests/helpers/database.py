@@ -8,6 +8,7 @@ TEST_PEPPER = "test-pepper-0123456789abcdef0123456789abcdef"  # strong enough to
 # Tables that hold a test's data; prices and the schema version survive between tests.
 DATA_TABLES = (
     "notifications",
+    "statement_closings",
     "audit_log",
     "disputes",
     "support_credits",
