@@ -29,8 +29,7 @@ import psycopg
 
 from metering.catalogue import TERMINAL_TYPES, USAGE_TYPE
 from metering.ingest.validation import ValidEvent
-from metering.notifications import record_many
-from metering.notifications.announced import remember
+from metering.notifications.announced import remember_and_record
 from metering.notifications.builders import RunRef, status_changed
 from metering.policy.facts import EventFact
 from metering.policy.status import LIVE_STATUS_TYPES, RESUMING, live_status, run_status
@@ -98,9 +97,11 @@ def announce_changes(
     changes += _live_changes(conn, reload)
     if not changes:
         return
-    with conn.pipeline():  # one round trip for the update and the notifications
-        remember(conn, [(r.ref.run_id, words) for r, _, words in changes if r.had_events])
-        record_many(conn, [status_changed(r.ref, words, old, now) for r, old, words in changes])
+    remember_and_record(
+        conn,
+        [(r.ref.run_id, words) for r, _, words in changes if r.had_events],
+        [status_changed(r.ref, words, old, now) for r, old, words in changes],
+    )
 
 
 def _words_from_state(run: RunState, events: Sequence[ValidEvent]) -> str | None:

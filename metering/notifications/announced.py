@@ -12,6 +12,8 @@ from typing import Any
 
 import psycopg
 
+from metering.notifications.record import Notification, record_many
+
 REMEMBER = """
 UPDATE runs SET announced_status = a.status
 FROM unnest(%(ids)s::bigint[], %(statuses)s::text[]) AS a(id, status)
@@ -26,3 +28,17 @@ def remember(conn: psycopg.Connection[Any], announced: Sequence[tuple[int, str]]
             REMEMBER,
             {"ids": [run_id for run_id, _ in announced], "statuses": [w for _, w in announced]},
         )
+
+
+def remember_and_record(
+    conn: psycopg.Connection[Any],
+    announced: Sequence[tuple[int, str]],
+    notifications: Sequence[Notification],
+) -> None:
+    """``remember`` the words and ``record_many`` the notifications, in one round trip."""
+    if not announced:
+        record_many(conn, notifications)  # one statement: nothing to pipeline
+        return
+    with conn.pipeline():
+        remember(conn, announced)
+        record_many(conn, notifications)

@@ -15,8 +15,7 @@ from typing import Any
 
 import psycopg
 
-from metering.notifications import record_many
-from metering.notifications.announced import remember
+from metering.notifications.announced import remember_and_record
 from metering.notifications.builders import RunRef, about_run, status_changed, timestamp
 from metering.notifications.catalogue import RUN_HELD, RUN_RESETTLED, RUN_SETTLED
 from metering.notifications.record import Notification
@@ -58,11 +57,8 @@ def announce_settlement(
         if words != run.announced_status:
             notifications.append(status_changed(ref, words, run.announced_status, now))
             announced.append((run.run_id, words))
-    if not notifications:
-        return
-    with conn.pipeline():  # one round trip for the words and the notifications
-        remember(conn, announced)
-        record_many(conn, notifications)
+    if notifications:
+        remember_and_record(conn, announced, notifications)
 
 
 def _no_live_words() -> str:
@@ -146,9 +142,9 @@ def announce_parked(
     changed = [run for run in parked if run.announced_status != words]
     if not changed:
         return
-    remember(conn, [(run.run_id, words) for run in changed])
-    record_many(
+    remember_and_record(
         conn,
+        [(run.run_id, words) for run in changed],
         [
             status_changed(
                 RunRef(run.tenant_id, run.customer_id, run.run_id, run.subject),
