@@ -311,7 +311,6 @@ def test_options_names_every_method_of_a_shared_path(client):
         assert reply.headers["allow"] == allowed
 
 
-@pytest.mark.xfail(strict=False, reason="needs i16-emit")
 def test_a_dispute_opened_through_the_support_api_becomes_a_message(
     client, admin, make_key, engine, settings, db
 ):
