@@ -291,7 +291,7 @@ def latency(
             seen = wait_for(base, len(committed), 180.0)["arrivals"]
         client.close()
     with psycopg.connect(settings.database_url) as conn:
-        by_msg = dict(
+        by_msg: dict[str, int] = dict(
             conn.execute(
                 "SELECT msg_id, notification_id FROM webhook_messages "
                 "WHERE notification_id = ANY(%s)",
