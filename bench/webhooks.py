@@ -17,9 +17,9 @@ and noting when each ``webhook-id`` arrived, on the machine's monotonic clock):
    as ``settle_run_chunk`` does after its commit; each delivery is timed from just before
    its batch's COMMIT to its arrival at the receiver (p50/p99).
 
-What it stands in for: settlement on main does not yet record ``run.settled`` (that lands
-with the i16-emit branch), so the commit timed here is the notification commit a
-settlement makes, not the settlement's decision itself.
+What it stands in for: the timed commit is the notification commit a settlement makes
+(``record_many`` of ``run.settled``), not a settlement decision: driving the settlement
+worker too would put its cost on the same two processes and hide the webhook path's own.
 """
 
 from __future__ import annotations
