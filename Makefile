@@ -42,6 +42,8 @@ bench: install
 	@$(UV) run --frozen python bench/sweep.py
 	@$(UV) run --frozen python bench/stripe_sync.py
 	@$(UV) run --frozen python bench/statement.py
+	@$(UV) run --frozen python -m bench.stream
+	@$(UV) run --frozen python bench/webhooks.py
 
 clean:
 	rm -rf .fairmeter .pytest_cache .mypy_cache .ruff_cache
