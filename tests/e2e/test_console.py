@@ -233,7 +233,7 @@ def test_customer_and_ingest_keys_cannot_sign_in(live_server, page, make_key, sc
 
 
 def test_the_console_sends_visitors_without_a_session_to_sign_in(live_server, page, db):
-    for path in ("/console", "/console/audit", "/console/runs/anything"):
+    for path in ("/console", "/console/audit", "/console/runs/anything", "/console/webhooks"):
         reply = httpx.get(f"{live_server}{path}", follow_redirects=False, timeout=10)
         assert reply.status_code == 303, path
         assert reply.headers["location"].startswith("/console/login")
