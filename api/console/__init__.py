@@ -9,7 +9,7 @@ from __future__ import annotations
 from litestar import Router
 from litestar.exceptions import HTTPException
 
-from api.console import actions, pages
+from api.console import actions, pages, webhooks
 from api.console.web import (
     CsrfRejected,
     NotSignedIn,
@@ -35,6 +35,10 @@ console_router = Router(
         actions.release_hold,
         actions.credit_run,
         actions.statement_link,
+        webhooks.endpoints_page,
+        webhooks.endpoint_page,
+        webhooks.redeliver_message,
+        webhooks.redeliver_since,
     ],
     exception_handlers={
         NotSignedIn: not_signed_in_handler,

@@ -111,7 +111,7 @@ def logout(request: Request[Any, Any, Any], state: State, data: Form) -> Respons
     return response
 
 
-def _page(
+def page_response(
     request: Request[Any, Any, Any], template: str, console: Console, **context: Any
 ) -> Response[str]:
     """A signed-in page; shows (and clears) the flash message left by the last action."""
@@ -151,7 +151,7 @@ def queue_page(
     held = [r for r in queue if r.outcome == "held_for_review"]
     # The queue also holds runs parked after repeated settlement failures.
     parked = [r for r in queue if r.parked]
-    return _page(
+    return page_response(
         request,
         "queue.html",
         console,
@@ -189,7 +189,7 @@ def run_page_response(
     view = found.run
     evidence = view.decisions[-1].evidence_event_ids if view.decisions else []
     open_dispute = next((d for d in found.disputes if d.status == "open"), None)
-    response = _page(
+    response = page_response(
         request,
         "run.html",
         console,
@@ -237,4 +237,6 @@ def audit_page(
         rows = audit.entries(
             conn, console.principal.tenant_id, target_id=(target or "").strip() or None, limit=200
         )
-    return _page(request, "audit.html", console, nav="audit", entries=rows, target=target or "")
+    return page_response(
+        request, "audit.html", console, nav="audit", entries=rows, target=target or ""
+    )

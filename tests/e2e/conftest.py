@@ -12,6 +12,7 @@ from tests.helpers import ROOT
 from tests.helpers.browser import chromium
 
 ARTIFACTS = ROOT / "test-artifacts"
+WAIT_MS = 10_000  # per browser step; generous, the test machine is shared
 
 
 @pytest.fixture(scope="session")
@@ -24,3 +25,15 @@ def browser() -> Iterator[Any]:
 def artifacts() -> Path:
     ARTIFACTS.mkdir(exist_ok=True)
     return ARTIFACTS
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    """A fresh browser tab (its own cookies) at a desktop width."""
+    context = browser.new_context(viewport={"width": 1280, "height": 1000})
+    tab = context.new_page()
+    tab.set_default_timeout(WAIT_MS)
+    try:
+        yield tab
+    finally:
+        context.close()

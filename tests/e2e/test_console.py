@@ -16,12 +16,12 @@ from api.console.forms import usd_to_micros
 from metering.errors import MeteringError
 from metering.money import display_usd, format_usd
 from metering.settlement.runner import settle_due_now
+from tests.e2e.conftest import WAIT_MS
 from tests.helpers.events import event, usage
 from tests.helpers.ingest import ingest
 from tests.helpers.scenarios import scenario
 
 NOW = datetime.now(UTC)
-WAIT_MS = 10_000
 
 
 def large_run(run: str, customer: str, start: datetime, *, resumed: bool = False) -> list[Any]:
@@ -84,17 +84,6 @@ def runs(engine, settings, db) -> dict[str, str]:
     assert outcomes[names["confirmed"]] == "confirmed"
     assert outcomes[names["held"]] == "held_for_review"
     return names
-
-
-@pytest.fixture
-def page(browser) -> Any:
-    context = browser.new_context(viewport={"width": 1280, "height": 1000})
-    tab = context.new_page()
-    tab.set_default_timeout(WAIT_MS)
-    try:
-        yield tab
-    finally:
-        context.close()
 
 
 def sign_in(page: Any, base: str, key: str) -> None:
@@ -244,7 +233,7 @@ def test_customer_and_ingest_keys_cannot_sign_in(live_server, page, make_key, sc
 
 
 def test_the_console_sends_visitors_without_a_session_to_sign_in(live_server, page, db):
-    for path in ("/console", "/console/audit", "/console/runs/anything"):
+    for path in ("/console", "/console/audit", "/console/runs/anything", "/console/webhooks"):
         reply = httpx.get(f"{live_server}{path}", follow_redirects=False, timeout=10)
         assert reply.status_code == 303, path
         assert reply.headers["location"].startswith("/console/login")
