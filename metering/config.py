@@ -151,6 +151,11 @@ class Settings(BaseSettings):
     # A month's statement closes this long after the month ends (late settlements of runs
     # that ended just before midnight still land in it); later changes go to the next one.
     period_close_delay_s: int = 24 * 3600
+    # Beat looks for closed statements to announce (``statement.closed``) this often, over
+    # this many of the latest closed months (a statement held back by a run still waiting
+    # for its decision is announced once that run settles, if it is still among them).
+    statement_close_interval_s: float = 300.0
+    statement_close_lookback_periods: int = 3
     # How long a statement link support sends a customer opens the statement (issue #15).
     statement_link_ttl_s: int = 7 * 24 * 3600
 

@@ -6,6 +6,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -14,7 +15,7 @@ from metering.errors import not_found
 from metering.keys import Principal, Scope
 from metering.policy import HELD_FOR_REVIEW
 from metering.policy.facts import EventFact
-from metering.policy.status import RESETTLING, UNDER_REVIEW, live_status
+from metering.policy.status import live_status, run_status
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,12 +124,11 @@ def get_run_view(conn: psycopg.Connection[Any], principal: Principal, subject: s
     in_force = decisions[-1] if decisions else None
     reopened = decision_version > 0 and evidence_version > settled_version
     billed, credited, held = ledger_position(in_force, int(gross))
-    status = status_words(
+    status = run_status(
         parked=parked_at is not None,
         reopened=reopened,
-        decided_status=in_force.status if in_force else None,
-        facts=facts,
-        terminal=terminal_at is not None,
+        decided=in_force.status if in_force else None,
+        live=lambda: live_status(facts, terminal=terminal_at is not None),
     )
     return RunView(
         run_id=run_id,
@@ -158,28 +158,8 @@ def get_run_view(conn: psycopg.Connection[Any], principal: Principal, subject: s
     )
 
 
-def status_words(
-    *,
-    parked: bool,
-    reopened: bool,
-    decided_status: str | None,
-    facts: Sequence[EventFact],
-    terminal: bool,
-) -> str:
-    """The words a person reads for a run, the one rule every page and the API follow:
-    parked → under review; late events → settling again; decided → the decision's words;
-    otherwise read off the events."""
-    if parked:
-        return UNDER_REVIEW
-    if reopened:
-        return RESETTLING
-    if decided_status is not None:
-        return decided_status
-    return live_status(facts, terminal=terminal)
-
-
 def live_statuses(conn: psycopg.Connection[Any], run_ids: Sequence[int]) -> dict[int, str]:
-    """``status_words`` for many runs at once (a page of runs), from their rows and events."""
+    """``run_status`` for many runs at once (a page of runs), from their rows and events."""
     if not run_ids:
         return {}
     rows = conn.execute(
@@ -202,12 +182,11 @@ def live_statuses(conn: psycopg.Connection[Any], run_ids: Sequence[int]) -> dict
         ).fetchall():
             facts[run_id].append(EventFact(*fact))
     return {
-        run_id: status_words(
+        run_id: run_status(
             parked=parked,
             reopened=reopened,
-            decided_status=decided,
-            facts=facts.get(run_id, []),
-            terminal=terminal,
+            decided=decided,
+            live=partial(live_status, facts.get(run_id, []), terminal=terminal),
         )
         for run_id, parked, terminal, reopened, decided in rows
     }

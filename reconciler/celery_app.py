@@ -76,6 +76,11 @@ def create_celery(settings: Settings | None = None) -> Celery:
                 "schedule": settings.webhooks_deliver_interval_s,
                 "options": {"expires": settings.webhooks_deliver_interval_s},
             },
+            "close-statements": {
+                "task": "fairmeter.close_statements",
+                "schedule": settings.statement_close_interval_s,
+                "options": {"expires": settings.statement_close_interval_s},
+            },
             "check-stripe-drift": {
                 "task": "fairmeter.check_stripe_drift",
                 "schedule": settings.stripe_drift_interval_s,

@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 from metering.billing import service as billing
 from metering.settlement.runner import claim_due_chunks, now_utc, settle_chunk
+from metering.statements.closing import close_due_statements
 from metering.webhooks.delivery import deliver_due
 from metering.webhooks.fanout import fan_out_pending
 from reconciler.celery_app import app
@@ -57,6 +58,12 @@ def push_stripe_outbox() -> int:
 @app.task(name="fairmeter.handle_stripe_webhooks")
 def handle_stripe_webhooks() -> int:
     return billing.handle_webhooks(engine(), settings())
+
+
+@app.task(name="fairmeter.close_statements")
+def close_statements() -> int:
+    """Beat: announce each customer's statement once it is final (``statement.closed``)."""
+    return close_due_statements(engine(), settings())
 
 
 @app.task(name="fairmeter.check_stripe_drift")

@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 
 from metering.config import Settings
-from metering.disputes import audit, credits
+from metering.disputes import announce, audit, credits
 from metering.errors import (
     FieldError,
     MeteringError,
@@ -159,6 +159,8 @@ def open_dispute(
         (principal.tenant_id, money.customer_id, run_id, claim, principal.key_id),
     ).fetchone()
     assert row is not None
+    run = announce.run_ref(principal, run_id, money.subject, money.customer_id)
+    announce.dispute_opened(conn, run, principal, int(row[0]), claim)
     audit.record(
         conn,
         principal,
@@ -204,6 +206,7 @@ def grant_credit(
     settings: Settings,
     now: datetime,
     action: str,
+    dispute_id: int | None = None,
 ) -> tuple[int, int | None]:
     """Credit a run (releasing its hold, if held); returns (credit micros, new version).
 
@@ -221,6 +224,10 @@ def grant_credit(
     if refusal is not None:
         raise refusal
     credits.record_grant(conn, principal, run_id, micros, now)
+    run = announce.run_ref(principal, run_id, before.subject, before.customer_id)
+    announce.credit_granted(conn, run, principal, micros, reason, dispute_id)
+    if before.held:  # a credit releases the hold too
+        announce.run_released(conn, run, principal, before.as_audit()["held_micros"], reason)
     report = settle_runs(conn, [run_id], now=now, settings=settings, origin="support")
     after = run_money(conn, run_id)
     audit.record(
@@ -260,11 +267,22 @@ def approve_dispute(
         settings=settings,
         now=now,
         action="dispute.approve",
+        dispute_id=dispute_id,
     )
     conn.execute(
         "UPDATE disputes SET status = 'approved', resolved_by = %s, resolved_at = %s, "
         "resolution_reason = %s, credit_micros = %s, decision_version = %s WHERE id = %s",
         (principal.key_id, now, reason, micros, version, dispute_id),
+    )
+    money = run_money(conn, run_id)
+    announce.dispute_resolved(
+        conn,
+        announce.run_ref(principal, run_id, money.subject, money.customer_id),
+        principal,
+        dispute_id,
+        resolution="approved",
+        credit_micros=micros,
+        reason=reason,
     )
 
 
@@ -286,6 +304,15 @@ def reject_dispute(
         "UPDATE disputes SET status = 'rejected', resolved_by = %s, resolved_at = %s, "
         "resolution_reason = %s WHERE id = %s",
         (principal.key_id, now, reason, dispute_id),
+    )
+    announce.dispute_resolved(
+        conn,
+        announce.run_ref(principal, run_id, money.subject, money.customer_id),
+        principal,
+        dispute_id,
+        resolution="rejected",
+        credit_micros=0,
+        reason=reason,
     )
     audit.record(
         conn,
@@ -315,6 +342,8 @@ def release_hold(
     if not before.held:
         raise conflict("the run is not held for review", code="run_not_held")
     conn.execute("UPDATE runs SET support_released = true WHERE id = %s", (run_id,))
+    run = announce.run_ref(principal, run_id, before.subject, before.customer_id)
+    announce.run_released(conn, run, principal, before.as_audit()["held_micros"], reason)
     report = settle_runs(conn, [run_id], now=now, settings=settings, origin="support")
     audit.record(
         conn,

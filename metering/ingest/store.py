@@ -24,8 +24,10 @@ import psycopg
 
 from metering.catalogue import TERMINAL_TYPES, USAGE_TYPE
 from metering.errors import FieldError, conflict, validation_error
+from metering.ingest.announce import RunState, announce_changes, new_run_status
 from metering.ingest.validation import ValidEvent
 from metering.ledger.repo import HOLDS_FROM_USAGE_LINES
+from metering.notifications.builders import RunRef
 from metering.pricing import PricedUsage
 
 EventKey = tuple[str, str]  # (source, id)
@@ -54,15 +56,20 @@ ORDER BY c
 ON CONFLICT DO NOTHING
 """
 
-# DO UPDATE (not DO NOTHING) so the row comes back locked and with its stored customer.
+# DO UPDATE (not DO NOTHING) so the row comes back locked and with its stored customer, and
+# with what ``announce`` needs of its state before this request's events. A run created
+# here gets its status words with it (all its events are in this request); evidence_version
+# is still 0 then (the events are counted by the next statement), never after.
 UPSERT_RUNS = """
 INSERT INTO runs (tenant_id, subject, customer_id, first_event_at, last_event_at,
-                  last_received_at, event_count)
-SELECT %(tenant)s, r.subject, r.customer, r.at, r.at, %(now)s, 0
-FROM json_to_recordset(%(runs)s::json) AS r(subject text, customer text, at timestamptz)
+                  last_received_at, event_count, announced_status)
+SELECT %(tenant)s, r.subject, r.customer, r.at, r.at, %(now)s, 0, r.status
+FROM json_to_recordset(%(runs)s::json)
+     AS r(subject text, customer text, at timestamptz, status text)
 ORDER BY r.subject
 ON CONFLICT (tenant_id, subject) DO UPDATE SET last_received_at = EXCLUDED.last_received_at
-RETURNING id, subject, customer_id
+RETURNING id, subject, customer_id, announced_status, evidence_version > 0,
+          decision_version > 0, parked_at IS NOT NULL, terminal_at IS NOT NULL
 """
 
 # One statement for everything keyed by event: the events themselves (in key order), the
@@ -184,7 +191,8 @@ def store_events(
                 conn.execute(UPSERT_CUSTOMERS, {**base, "customers": customers}, prepare=True)
             runs = _encode(_run_rows(unique))
             cur.execute(UPSERT_RUNS, {**base, "runs": runs}, prepare=True)
-        run_ids = _check_owners(cur.fetchall(), unique, single=single)
+        states = _run_states(cur.fetchall(), tenant_id)
+        run_ids = _check_owners(states, unique, single=single)
         # Run ids go with the events rather than being looked up by subject in SQL: with
         # stale statistics (a new tenant) the planner may pick a (tenant, …) index and scan
         # all the tenant's runs for each event. Prepared at first use: planning this
@@ -193,6 +201,11 @@ def store_events(
         cur.execute(INSERT_EVENTS, {**base, "events": rows}, prepare=True)
         inserted, stored = _split_outcomes(cur.fetchall())
         _reject_conflicts(conn, tenant_id, unique, inserted, stored)
+    fresh: dict[int, list[ValidEvent]] = {}
+    for event in unique:
+        if (event.source, event.id) in inserted:
+            fresh.setdefault(run_ids[event.subject], []).append(event)
+    announce_changes(conn, states, fresh, now)
     outcomes = []
     for event in events:
         is_new = (event.source, event.id) in inserted and event.index not in in_request_duplicates
@@ -228,11 +241,29 @@ def _dedupe_within_request(
 
 
 def _run_rows(events: Sequence[ValidEvent]) -> list[dict[str, Any]]:
-    """One row per run, from its first event in the request (subject order is the SQL's)."""
-    first: dict[str, ValidEvent] = {}
+    """One row per run, from its first event in the request (subject order is the SQL's),
+    with the status words it has if this request creates it."""
+    by_run: dict[str, list[ValidEvent]] = {}
     for event in events:
-        first.setdefault(event.subject, event)
-    return [{"subject": s, "customer": e.customer, "at": e.time} for s, e in first.items()]
+        by_run.setdefault(event.subject, []).append(event)
+    return [
+        {"subject": s, "customer": e[0].customer, "at": e[0].time, "status": new_run_status(e)}
+        for s, e in by_run.items()
+    ]
+
+
+def _run_states(rows: Sequence[tuple[Any, ...]], tenant_id: str) -> list[RunState]:
+    return [
+        RunState(
+            ref=RunRef(tenant_id, customer, run_id, subject),
+            announced=announced,
+            had_events=had_events,
+            decided=decided,
+            parked=parked,
+            terminal=terminal,
+        )
+        for run_id, subject, customer, announced, had_events, decided, parked, terminal in rows
+    ]
 
 
 def _event_rows(
@@ -275,7 +306,7 @@ def _usage_columns(data: dict[str, Any], price: PricedUsage) -> dict[str, Any]:
 
 
 def _check_owners(
-    rows: Sequence[tuple[Any, ...]], events: Sequence[ValidEvent], *, single: bool
+    runs: Sequence[RunState], events: Sequence[ValidEvent], *, single: bool
 ) -> dict[str, int]:
     """Run ids by subject; a run already owned by another customer is a 422 for the request."""
     first: dict[str, ValidEvent] = {}
@@ -283,7 +314,7 @@ def _check_owners(
         first.setdefault(event.subject, event)
     run_ids: dict[str, int] = {}
     errors = []
-    for run_id, subject, owner in rows:
+    for run_id, subject, owner in ((r.ref.run_id, r.ref.subject, r.ref.customer_id) for r in runs):
         run_ids[subject] = run_id
         event = first[subject]
         if owner != event.customer:

@@ -18,7 +18,7 @@ from metering.models.events import EventRow, RunRow, UsageLineRow
 from metering.models.ledger import LedgerEntryRow
 from metering.models.notifications import NotificationRow
 from metering.models.settlement import DecisionRow
-from metering.models.statements import StatementLineRow
+from metering.models.statements import StatementClosingRow, StatementLineRow
 from metering.models.support import AuditRow, DisputeRow, SupportCreditRow
 from metering.models.tenancy import ApiKeyRow, ConsoleSessionRow, CustomerRow, TenantRow
 from metering.models.webhooks import (
@@ -40,6 +40,7 @@ __all__ = [
     "NotificationRow",
     "PriceRow",
     "RunRow",
+    "StatementClosingRow",
     "StatementLineRow",
     "StripeCarryRow",
     "StripeClosedPeriodRow",

@@ -91,6 +91,10 @@ class RunRow(SQLModel, table=True):
     )
     outcome: str | None = Field(default=None, max_length=32)
     status: str | None = Field(default=None, max_length=64)
+    # The status words last announced (``run.status_changed``), which the run shows now:
+    # ingest compares against them instead of recomputing a run's words for every event.
+    # NULL: none announced yet (a run stored before announcements existed).
+    announced_status: str | None = Field(default=None, max_length=64)
     period: str | None = Field(default=None, max_length=7)
     ended_at: datetime | None = timestamp_field(nullable=True)
     # The run's ledger position: what has been posted as billed and released as credited.

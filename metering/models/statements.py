@@ -57,3 +57,29 @@ class StatementLineRow(SQLModel, table=True):
     outcome: str = Field(max_length=32)
     status: str = Field(max_length=64)
     explanation: str = Field(sa_column=sa.Column(sa.Text, nullable=False))
+
+
+class StatementClosingRow(SQLModel, table=True):
+    """A customer's statement of a period, closed and announced (``statement.closed``).
+
+    The primary key makes the announcement happen once: two beats closing the same
+    statement at once insert one row, and only the one that inserted it records the
+    notification. The totals are the statement's as it closed.
+    """
+
+    __tablename__ = "statement_closings"
+    __table_args__ = (
+        sa.ForeignKeyConstraint(
+            ["tenant_id", "customer_id"], ["customers.tenant_id", "customers.id"]
+        ),
+    )
+
+    tenant_id: str = Field(primary_key=True, max_length=64)
+    customer_id: str = Field(primary_key=True, max_length=128)
+    period: str = Field(primary_key=True, max_length=7)
+    gross_micros: int = Field(sa_column=_bigint())
+    billed_micros: int = Field(sa_column=_bigint())
+    credited_micros: int = Field(sa_column=_bigint())
+    held_micros: int = Field(sa_column=_bigint())
+    runs: int = Field(sa_column=sa.Column(sa.Integer, nullable=False))
+    closed_at: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))

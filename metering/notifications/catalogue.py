@@ -1,7 +1,8 @@
 """The notification types a tenant can subscribe to, each defined here once.
 
 A webhook endpoint's filter and the API's validation read ``EVENT_TYPES``; docs/events.md
-describes each type's own fields.
+("Notifications") describes each type's own fields, when it is recorded and in which order
+per run. ``metering.notifications.builders`` adds the fields every payload carries.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Unsettled runs are read off their events in time order; settled runs off their d
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Final
 
 from metering.policy.facts import EventFact
@@ -37,6 +37,26 @@ _TYPE_ORDER = {
     "connection.restored": 2,
     "run.resumed": 3,
 }
+# The event types besides usage that ``live_status`` reads: an event of another type (a
+# terminal one aside) never changes an unsettled run's words, and usage only ends
+# RESUMING. Ingest recomputes the words only when one of these can apply.
+LIVE_STATUS_TYPES: Final = frozenset({"connection.lost", "connection.restored", "run.resumed"})
+
+
+def run_status(
+    *, parked: bool, reopened: bool, decided: str | None, live: Callable[[], str]
+) -> str:
+    """The words a user sees for a run, whoever asks (the run page, ingest and settlement
+    announcing a change): a parked run is under review; a settled run that events reached
+    since is settling again; else its decision's words, or, before any decision, the words
+    its events give (``live``, called only then: it reads every event of the run)."""
+    if parked:
+        return UNDER_REVIEW
+    if reopened:
+        return RESETTLING
+    if decided is not None:
+        return decided
+    return live()
 
 
 def live_status(events: Iterable[EventFact], *, terminal: bool) -> str:

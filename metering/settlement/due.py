@@ -86,7 +86,7 @@ WITH poison AS (
 UPDATE runs SET parked_at = %(now)s,
        parked_reason = 'settlement failed ' || settle_attempts || ' times in a row'
 FROM poison WHERE runs.id = poison.id
-RETURNING runs.id, runs.tenant_id, runs.subject
+RETURNING runs.id, runs.tenant_id, runs.subject, runs.customer_id, runs.announced_status
 """
 
 # Sweeps take this lock in their transaction, so they claim one after the other: two sweeps
@@ -147,6 +147,8 @@ class ParkedRun:
     run_id: int
     tenant_id: str
     subject: str
+    customer_id: str
+    announced_status: str | None
 
 
 def cutoff_params(windows: Windows, now: datetime) -> dict[str, datetime]:

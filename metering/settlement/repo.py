@@ -36,13 +36,20 @@ class LockedRun:
     first_event_at: datetime
     support_credit_micros: int = 0  # Σ of the run's support_credits rows, written with them
     support_released: bool = False
+    # What the run shows before this settlement, for the notifications it may cause: the
+    # decision in force's outcome and words, parking, and the words last announced.
+    outcome: str | None = None
+    status: str | None = None
+    parked: bool = False
+    announced_status: str | None = None
 
 
 LOCK_RUNS = """
 SELECT id, tenant_id, subject, customer_id, terminal_at, last_event_at, last_lost_at,
        last_recovered_at, gross_micros, evidence_version, settled_evidence_version,
        decision_version, billed_micros, credited_micros, period, first_event_at,
-       support_credit_micros, support_released
+       support_credit_micros, support_released, outcome, status, parked_at IS NOT NULL,
+       announced_status
 FROM runs WHERE id = ANY(%(ids)s) ORDER BY id FOR UPDATE
 """
 
@@ -84,6 +91,10 @@ def lock_runs(conn: psycopg.Connection[Any], run_ids: Sequence[int]) -> list[Loc
             first_event_at=r[15],
             support_credit_micros=r[16],
             support_released=r[17],
+            outcome=r[18],
+            status=r[19],
+            parked=r[20],
+            announced_status=r[21],
         )
         for r in rows
     ]

@@ -14,6 +14,7 @@ from sqlalchemy.engine import Engine
 from metering.config import Settings
 from metering.db import raw_transaction
 from metering.leases import Heartbeat, elapsed_since
+from metering.settlement.announce import announce_parked
 from metering.settlement.due import (
     ParkedRun,
     Windows,
@@ -38,6 +39,7 @@ def claim_due_chunks(
     now = now or now_utc()
     with raw_transaction(engine) as conn:
         parked = park_poison_runs(conn, now, settings.max_settle_attempts)
+        announce_parked(conn, parked, now)
         claimed = claim_due_runs(
             conn,
             now,

@@ -32,6 +32,7 @@ from metering.policy import (
 from metering.policy.ending import ending_of_events
 from metering.policy.support import apply_support, covered_credit_micros
 from metering.settlement import repo
+from metering.settlement.announce import announce_settlement
 from metering.settlement.due import Windows, due_at
 from metering.statements.projection import LineChange, record_lines
 
@@ -156,6 +157,8 @@ def settle_runs(
         unit_micros=settings.stripe_meter_unit_micros,
     )
     record_lines(conn, [line_change(record) for record in report.records], now)
+    rules_in_force = {run_id: decision[4] for run_id, decision in previous.items()}
+    announce_settlement(conn, due, report.records, rules_in_force, now)
     return report
 
 

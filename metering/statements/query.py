@@ -9,7 +9,7 @@ nothing billed or credited yet.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Any
@@ -158,20 +158,28 @@ def stream(conn: psycopg.Connection[Any], query: StatementQuery) -> Iterator[Sta
             yield _line(row)
 
 
+# A statement's totals over its lines ``l`` (``totals_of`` reads a row of them): what the
+# statement page shows and what ``statement.closed`` announces.
+TOTALS_COLUMNS = """
+coalesce(sum(l.gross_abs - l.base_gross), 0),
+coalesce(sum(l.billed_abs - l.base_billed), 0),
+coalesce(sum(l.credited_abs - l.base_credited), 0),
+count(*) FILTER (WHERE l.kind = 'run'),
+count(*) FILTER (WHERE l.kind = 'run' AND l.outcome = 'refunded'),
+count(*) FILTER (WHERE l.kind = 'correction')
+"""
+
+
 def totals(conn: psycopg.Connection[Any], query: StatementQuery) -> Totals:
     row = conn.execute(
-        f"""
-        SELECT coalesce(sum(l.gross_abs - l.base_gross), 0),
-               coalesce(sum(l.billed_abs - l.base_billed), 0),
-               coalesce(sum(l.credited_abs - l.base_credited), 0),
-               count(*) FILTER (WHERE l.kind = 'run'),
-               count(*) FILTER (WHERE l.kind = 'run' AND l.outcome = 'refunded'),
-               count(*) FILTER (WHERE l.kind = 'correction')
-        FROM statement_lines l {WHERE}
-        """,
-        _params(query),
+        f"SELECT {TOTALS_COLUMNS} FROM statement_lines l {WHERE}", _params(query)
     ).fetchone()
     assert row is not None
+    return totals_of(row)
+
+
+def totals_of(row: Sequence[Any]) -> Totals:
+    """Totals from the values of ``TOTALS_COLUMNS``."""
     gross, billed, credited, runs, restored, corrections = (int(v) for v in row)
     return Totals(
         gross_micros=gross,

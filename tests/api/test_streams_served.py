@@ -249,7 +249,6 @@ def test_a_client_behind_by_more_than_its_inbox_catches_up_from_the_table(
     assert metric(second, "fairmeter_stream_catch_ups_total") > catch_ups
 
 
-@pytest.mark.xfail(strict=False, reason="needs the i16-emit branch (ingest records notifications)")
 @pytest.mark.usefixtures("runs")
 def test_a_connection_lost_ingested_on_one_process_reaches_a_stream_on_the_other(
     stream_apis, make_key

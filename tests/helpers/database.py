@@ -12,6 +12,7 @@ DATA_TABLES = (
     "webhook_endpoints",
     "webhook_fanout",
     "notifications",
+    "statement_closings",
     "audit_log",
     "disputes",
     "support_credits",

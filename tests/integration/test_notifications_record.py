@@ -55,3 +55,24 @@ def test_an_unknown_type_is_a_bug_caught_before_writing(engine: Any, db: Any) ->
     _customer(db)
     with pytest.raises(ValueError), raw_transaction(engine) as conn:
         record(conn, Notification("acme", "c1", "run.exploded"))
+
+
+def test_a_large_batch_is_stored_and_announced_in_order_as_one_statement(
+    engine: Any, db: psycopg.Connection[Any]
+) -> None:
+    _customer(db)
+    _customer(db, "acme", "c2")
+    db.execute(f"LISTEN {CHANNEL}")
+    batch = [
+        Notification("acme", f"c{1 + i % 2}", "run.status_changed", {"i": i}, subject=f"r{i % 7}")
+        for i in range(300)
+    ] + [Notification("acme", "c1", "statement.closed", {"period": "2026-11"})]
+    with raw_transaction(engine) as conn:
+        ids = record_many(conn, batch)
+    assert ids == sorted(ids) and len(set(ids)) == 301
+    stored = db.execute("SELECT id, customer_id, subject, data FROM notifications ORDER BY id")
+    assert [(c, s, d) for _, c, s, d in stored] == [
+        (n.customer_id, n.subject, n.data) for n in batch
+    ]
+    told = [json.loads(n.payload) for n in db.notifies(timeout=2.0, stop_after=301)]
+    assert told == [[i, "acme", n.customer_id, n.subject] for i, n in zip(ids, batch, strict=True)]

@@ -73,3 +73,35 @@ def webhook_worker(request: Any, settings: Any, tmp_path_factory: Any) -> Iterat
     finally:
         stop_celery(beat)
         stop_celery(worker)
+
+
+@pytest.fixture(scope="module")
+def statement_beats(settings: Any, tmp_path_factory: Any) -> Iterator[dict[str, Any]]:
+    """A worker and two beats that close statements every second, as soon as a month ends
+    (no close delay), and settle nothing on their own (windows of 40 days): the test
+    settles the runs when it chooses."""
+    days_40 = str(40 * 24 * 3600)
+    env = worker_env(
+        settings,
+        FAIRMETER_PERIOD_CLOSE_DELAY_S="0",
+        FAIRMETER_STATEMENT_CLOSE_INTERVAL_S="1",
+        FAIRMETER_SETTLE_GRACE_S=days_40,
+        FAIRMETER_RESUME_WINDOW_S=days_40,
+        FAIRMETER_IDLE_TIMEOUT_S=days_40,
+    )
+    redis.Redis.from_url(env["REDIS_URL"]).flushdb()
+    logs = tmp_path_factory.mktemp("celery-statements")
+    worker = start_celery(
+        ["worker", "--concurrency", "2", "--hostname", f"statements-{os.getpid()}@%h"],
+        env,
+        logs / "worker.log",
+    )
+    beats = [
+        start_celery(["beat", "--schedule", str(logs / f"beat-{n}")], env, logs / f"beat-{n}.log")
+        for n in (1, 2)
+    ]
+    try:
+        yield {"worker": worker, "beats": beats, "env": env, "logs": logs}
+    finally:
+        for proc in (*beats, worker):
+            stop_celery(proc)
