@@ -39,14 +39,20 @@ def child_in_transaction(worker: subprocess.Popen[bytes], db: Any) -> psutil.Pro
     return busy[0] if busy else None
 
 
-def children_in_transaction(worker: subprocess.Popen[bytes], db: Any) -> list[psutil.Process]:
+def children_in_transaction(
+    worker: subprocess.Popen[bytes], db: Any, *, waiting_on_a_lock: bool = False
+) -> list[psutil.Process]:
     """The worker's children with an open database transaction, found by matching their
-    sockets' ports with ``pg_stat_activity.client_port``."""
+    sockets' ports with ``pg_stat_activity.client_port``. ``waiting_on_a_lock``: only those
+    blocked on a lock (a chunk held by ``customers_locked``), not the short transactions of
+    the beat's other tasks (webhooks, statement closing) that run every second."""
     busy_ports = {
         port
         for (port,) in db.execute(
             "SELECT client_port FROM pg_stat_activity WHERE datname = current_database() "
-            "AND xact_start IS NOT NULL AND pid <> pg_backend_pid()"
+            "AND xact_start IS NOT NULL AND pid <> pg_backend_pid() "
+            "AND (NOT %s OR wait_event_type = 'Lock')",
+            (waiting_on_a_lock,),
         ).fetchall()
     }
     if not busy_ports:

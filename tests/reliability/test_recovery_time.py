@@ -242,7 +242,9 @@ def test_live_chunk_waiting_past_many_leases_is_not_claimed_again(
         for batch in workload.batches(40):
             ingest(engine, settings, batch)
         stack.beat(env)
-        assert wait_until(lambda: children_in_transaction(worker, db), timeout_s=60)
+        assert wait_until(
+            lambda: children_in_transaction(worker, db, waiting_on_a_lock=True), timeout_s=60
+        )
         held_until = time.monotonic() + 10  # five leases, while sweeps run every second
         while time.monotonic() < held_until:
             attempts |= {n for (n,) in db.execute("SELECT DISTINCT settle_attempts FROM runs")}
