@@ -35,7 +35,7 @@ def test_settles_1000_runs_exactly_once_while_a_worker_child_is_killed_every_2s(
     rng = random.Random(1)
     waves = workload.batches(RUNS // WAVES)
     kills = 0
-    deadline = time.monotonic() + 150
+    deadline = time.monotonic() + 300  # a loaded 2-core host; the loop ends when all settle
     while time.monotonic() < deadline and not (not waves and all_settled(db, RUNS)):
         if waves:
             ingest(engine, settings, waves.pop(0))
