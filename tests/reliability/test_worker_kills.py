@@ -43,7 +43,9 @@ def test_settles_1000_runs_exactly_once_while_a_worker_child_is_killed_every_2s(
     assert all_settled(db, RUNS), f"{settled_runs(db)}/{RUNS} settled after {kills} kills"
     lost_mid_task = stack.log("worker").count("Task handler raised error: WorkerLostError")
     print(f"\n[faults] worker kills: {kills} children killed, {lost_mid_task} tasks lost mid-run")
-    assert kills >= WAVES // 2 and lost_mid_task >= 3, (kills, lost_mid_task)
+    # Since #16 some kills land on the beat's short webhook and statement tasks, between
+    # their transactions; two settle tasks lost mid-run still prove nothing is lost.
+    assert kills >= WAVES // 2 and lost_mid_task >= 2, (kills, lost_mid_task)
     check_books(db, workload)
 
 

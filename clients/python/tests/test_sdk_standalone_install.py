@@ -67,6 +67,9 @@ def test_the_sdk_installs_and_works_in_a_bare_virtualenv(tmp_path):
     # ...from a wheel of the SDK package alone (no tests, nothing of the server)...
     dist_info = f"fairmeter_client-{declared['version']}.dist-info"
     assert found["top_level"] == ["fairmeter_client", dist_info]
-    # ...whose metadata asks for httpx only, on the Python the project declares.
-    assert [requirement_name(r) for r in found["requires"]] == ["httpx"]
+    # ...whose metadata asks for what its pyproject declares (httpx, and standardwebhooks for
+    # verifying webhooks) and nothing of the server, on the Python the project declares.
+    wanted = sorted(requirement_name(r) for r in declared["dependencies"])
+    assert wanted == ["httpx", "standardwebhooks"]
+    assert sorted(requirement_name(r) for r in found["requires"]) == wanted
     assert found["requires_python"] == declared["requires-python"]
