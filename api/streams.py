@@ -39,6 +39,7 @@ from metering.notifications.replay import PAGE, StoredNotification, StreamScope,
 from metering.streams import (
     RUN_STATUS,
     STREAM_OPENED,
+    Resume,
     StreamStart,
     open_customer_stream,
     open_run_stream,
@@ -56,7 +57,7 @@ KEEP_ALIVE = b": keep-alive\n\n"
 CATCH_UP_RETRY_S = 1.0
 
 STREAM_DESCRIPTION = (
-    "Server-Sent Events: `id:` the notification id, `event:` its type, `data:` JSON "
+    "Server-Sent Events: `id:` a resume token for Last-Event-ID, `event:` the type, `data:` JSON "
     "{type, id, run, customer, created_at, schema_version, data}; `: keep-alive` comments "
     "in between (docs/events.md)"
 )
@@ -66,7 +67,8 @@ LastEventIdHeader = Annotated[
     HeaderParameter(
         name="Last-Event-ID",
         required=False,
-        description="Resume after this event id: every later notification is sent, once.",
+        description="Resume after the event with this id (its resume token): every "
+        "notification the client has not had is sent, once.",
     ),
 ]
 LastEventIdQuery = Annotated[
@@ -144,11 +146,15 @@ async def _authenticate(
     return principal
 
 
-OpenStream = Callable[[psycopg.Connection[Any], Principal, str, int | None], StreamStart]
+OpenStream = Callable[[psycopg.Connection[Any], Principal, str, Resume | None], StreamStart]
 
 
 def _open(
-    services: Services, use_case: OpenStream, principal: Principal, target: str, resume: int | None
+    services: Services,
+    use_case: OpenStream,
+    principal: Principal,
+    target: str,
+    resume: Resume | None,
 ) -> StreamStart:
     with raw_transaction(services.engine) as conn:
         return use_case(conn, principal, target, resume)
@@ -168,7 +174,7 @@ async def _events(services: Services, start: StreamStart, inbox: Inbox) -> Async
     """The stream's body, until the client goes or ``stream_max_s`` passes; the inbox leaves
     the fan-out however it ends."""
     settings = services.settings
-    cursor = StreamCursor(start.position)
+    cursor = StreamCursor(start.position, sent=start.sent)
     ends_at = time.monotonic() + settings.stream_max_s
     try:
         yield _opening(start, settings.stream_retry_ms)
@@ -196,9 +202,9 @@ async def _events(services: Services, start: StreamStart, inbox: Inbox) -> Async
                 if fell_behind:
                     STREAM_CATCH_UPS.inc()
                 behind = behind or fell_behind
-                for row, advances in cursor.take(rows):
+                for row, token in cursor.take(rows):
                     quiet_since = time.monotonic()
-                    yield _frame(row, with_id=advances)
+                    yield _frame(row, token)
             elif time.monotonic() - quiet_since >= settings.stream_heartbeat_s:
                 quiet_since = time.monotonic()
                 yield KEEP_ALIVE
@@ -213,8 +219,8 @@ async def _catch_up(
     after_id = cursor.horizon
     while True:
         rows = await to_thread.run_sync(_after, services, scope, after_id)
-        for row, advances in cursor.take(rows):
-            yield _frame(row, with_id=advances)
+        for row, token in cursor.take(rows):
+            yield _frame(row, token)
         if len(rows) < PAGE:
             return
         after_id = rows[-1].id
@@ -241,10 +247,10 @@ def _opening(start: StreamStart, retry_ms: int) -> bytes:
         schema_version=SCHEMA_VERSION,
         data=run_reply(start.run) if start.run is not None else {},
     )
-    return retry + _encode(event, with_id=True)
+    return retry + _encode(event, str(start.position))
 
 
-def _frame(row: StoredNotification, *, with_id: bool) -> bytes:
+def _frame(row: StoredNotification, token: str) -> bytes:
     event = StreamEvent(
         type=row.type,
         id=row.id,
@@ -254,12 +260,13 @@ def _frame(row: StoredNotification, *, with_id: bool) -> bytes:
         schema_version=str(row.data.get("schema_version", SCHEMA_VERSION)),
         data=row.data,
     )
-    return _encode(event, with_id=with_id)
+    return _encode(event, token)
 
 
-def _encode(event: StreamEvent, *, with_id: bool) -> bytes:
-    """One event. A notification that commits after a higher-numbered one it is sent without
-    an ``id:`` line, so the client's Last-Event-ID (what it resumes from) never goes back;
-    its id is in the data. JSON holds no raw line break, so ``data:`` is one line."""
-    head = f"id: {event.id}\n" if with_id else ""
-    return f"{head}event: {event.type}\ndata: ".encode() + msgspec.json.encode(event) + b"\n\n"
+def _encode(event: StreamEvent, token: str) -> bytes:
+    """One event. Its ``id:`` is the resume token after it (the notification's own id is in
+    the data): a client that comes back with it as ``Last-Event-ID`` misses nothing, not even
+    a notification that committed after a higher-numbered one while it was away. JSON holds
+    no raw line break, so ``data:`` is one line."""
+    head = f"id: {token}\nevent: {event.type}\ndata: "
+    return head.encode() + msgspec.json.encode(event) + b"\n\n"

@@ -16,6 +16,7 @@ import psycopg
 from metering.errors import FieldError, MeteringError, validation_error
 from metering.ids import IdKind, lookup_problem
 from metering.keys import Principal
+from metering.notifications.cursor import InvalidToken, parse_token
 from metering.notifications.replay import StreamScope, latest_id
 from metering.runs import RunView, find_run, get_run_view
 from metering.statements.service import authorize
@@ -30,31 +31,44 @@ STREAM_OPENED = "stream.opened"
 class StreamStart:
     """A stream the principal may open: what it follows and where it starts.
 
-    ``position`` is the id after which notifications are sent: the client's ``Last-Event-ID``
-    when it resumes, else the latest notification the snapshot (``run``) already reflects.
+    ``position`` is the id after which notifications are sent: the floor of the client's
+    ``Last-Event-ID`` when it resumes (and ``sent``, the ids above it the client already
+    has), else the latest notification the snapshot (``run``) already reflects.
     """
 
     scope: StreamScope
     position: int
     resumed: bool
     run: RunView | None = None  # a fresh run stream's snapshot
+    sent: tuple[int, ...] = ()
 
 
-def resume_position(header: str | None, query: str | None) -> int | None:
-    """The id a client resumes after: the ``Last-Event-ID`` header, else the
-    ``last_event_id`` query parameter (for EventSource polyfills that cannot set headers);
-    ``None`` for a fresh stream. 422 for anything but a non-negative integer."""
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """A resume token, read: everything at or below ``floor`` and the ``sent`` ids above it
+    reached the client (metering/notifications/cursor.py)."""
+
+    floor: int
+    sent: tuple[int, ...] = ()
+
+
+def resume_position(header: str | None, query: str | None) -> Resume | None:
+    """Where a client resumes: the ``Last-Event-ID`` header, else the ``last_event_id``
+    query parameter (for EventSource polyfills that cannot set headers); ``None`` for a
+    fresh stream. 422 for anything but an id this server hands out (a resume token, or a
+    plain non-negative integer)."""
     given = header if header is not None and header.strip() else query
     if given is None or not given.strip():
         return None
-    text = given.strip()
-    if not text.isascii() or not text.isdigit() or len(text) > 18:
+    try:
+        floor, sent = parse_token(given)
+    except InvalidToken:
         raise _invalid(
             "$.last_event_id",
             "invalid_last_event_id",
-            "Last-Event-ID is the id of an event this stream sent (an integer)",
-        )
-    return int(text)
+            "Last-Event-ID is the id: of an event this stream sent, as it was sent",
+        ) from None
+    return Resume(floor, tuple(sent))
 
 
 def _check(value: str, kind: IdKind) -> None:
@@ -70,7 +84,7 @@ def _invalid(path: str, code: str, message: str) -> MeteringError:
 
 
 def open_run_stream(
-    conn: psycopg.Connection[Any], principal: Principal, subject: str, resume: int | None
+    conn: psycopg.Connection[Any], principal: Principal, subject: str, resume: Resume | None
 ) -> StreamStart:
     """A run's stream, authorized as ``GET /v1/runs/{run}`` is (404 when not visible); a
     fresh one carries the run as it is now."""
@@ -78,7 +92,7 @@ def open_run_stream(
     run_id, customer = find_run(conn, principal, subject)
     scope = StreamScope(principal.tenant_id, customer, run_id=run_id, subject=subject)
     if resume is not None:
-        return StreamStart(scope, resume, resumed=True)
+        return StreamStart(scope, resume.floor, resumed=True, sent=resume.sent)
     # The latest id is read before the run: a change committed in between is then both in
     # the snapshot and sent again (harmless), rather than in neither.
     position = latest_id(conn, scope)
@@ -86,12 +100,12 @@ def open_run_stream(
 
 
 def open_customer_stream(
-    conn: psycopg.Connection[Any], principal: Principal, customer: str, resume: int | None
+    conn: psycopg.Connection[Any], principal: Principal, customer: str, resume: Resume | None
 ) -> StreamStart:
     """A customer's stream, authorized as its statements are."""
     _check(customer, IdKind.CUSTOMER)
     authorize(conn, principal, customer)
     scope = StreamScope(principal.tenant_id, customer)
     if resume is not None:
-        return StreamStart(scope, resume, resumed=True)
+        return StreamStart(scope, resume.floor, resumed=True, sent=resume.sent)
     return StreamStart(scope, latest_id(conn, scope), resumed=False)

@@ -161,7 +161,7 @@ def test_a_resumed_stream_replays_what_came_after_its_id_and_only_its_own(
         assert reply.status_code == 200, reply.text
         opening, *events = frames(reply.text)
         assert set(opening) == {"retry"}  # a resumed stream has nothing to open with
-        assert [int(e["id"]) for e in events] == expected
+        assert [json.loads(e["data"])["id"] for e in events] == expected
         bodies = [json.loads(e["data"]) for e in events]
         assert {(b["run"], b["customer"]) for b in bodies} == {("run-a", "cust-a")}
         mine = [b["data"]["status"] for b in bodies if b["id"] in ids]

@@ -163,6 +163,42 @@ def test_a_client_resuming_with_last_event_id_gets_what_committed_meanwhile_once
 
 
 @pytest.mark.usefixtures("runs")
+def test_a_notification_committing_after_a_higher_one_while_the_client_is_away_arrives_on_resume(
+    stream_apis, engine, database_url, make_key
+):
+    """Ids are handed out at insert, not at commit: the lower one can commit second. A client
+    that resumed from the highest id it saw would never get it; the resume token lists what
+    was sent above its floor, so the resumed stream sends it, once."""
+    first, second = stream_apis
+    key = make_key(tenant="acme", scope="customer", customer="cust-a")
+    with raw_transaction(engine) as run_ids:
+        run_id = run_ids.execute("SELECT id FROM runs WHERE subject = 'run-a'").fetchone()[0]
+    slow = psycopg.connect(database_url)
+    try:
+        with stream(first.base, "/v1/customers/cust-a/stream", key) as before:
+            opened(before)
+            with slow.transaction():
+                late = record(
+                    slow,
+                    Notification(
+                        "acme", "cust-a", "run.status_changed", {"n": "late"}, run_id, "run-a"
+                    ),
+                )
+                higher = notify(engine, "run-a", "committed first")
+                [block] = before.events(1)
+                assert block.id == higher > late
+                token = block.token
+                before.close()  # the client drops; the lower id commits while it is away
+        with stream(
+            second.base, "/v1/customers/cust-a/stream", key, **{"Last-Event-ID": token}
+        ) as r:
+            assert [b.id for b in r.events(1)] == [late]
+            assert r.quiet_for(1.5) == [], "something was sent twice"
+    finally:
+        slow.close()
+
+
+@pytest.mark.usefixtures("runs")
 def test_a_customer_key_follows_only_its_own_customer_of_its_own_tenant(
     stream_apis, engine, make_key
 ):

@@ -69,7 +69,10 @@ def test_following_a_run_across_an_api_restart_gets_every_change_once_in_order(
     assert snapshot.data["status"] == "Agent still running"
 
     before = [notify(engine, f"before {i}") for i in range(2)]
-    assert [e.id for e in follower.take(2)] == before
+    seen = follower.take(2)
+    assert [e.id for e in seen] == before
+    assert snapshot.resume_token == str(latest)  # what a later process resumes from
+    assert all(e.resume_token for e in seen)
 
     api_process.stop()
     while_down = [notify(engine, f"while down {i}") for i in range(3)]

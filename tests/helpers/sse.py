@@ -30,7 +30,13 @@ class Block:
 
     @property
     def id(self) -> int | None:
-        return int(self.fields["id"]) if "id" in self.fields else None
+        """The notification's id (the data's; the ``id:`` line is the resume token)."""
+        return int(self.data["id"]) if "data" in self.fields else None
+
+    @property
+    def token(self) -> str | None:
+        """The ``id:`` line: what the client resumes from as ``Last-Event-ID``."""
+        return self.fields.get("id")
 
     @property
     def data(self) -> dict[str, Any]:

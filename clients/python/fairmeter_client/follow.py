@@ -50,6 +50,10 @@ class StatusEvent:
     created_at: str
     data: dict[str, Any] = field(default_factory=dict)
     schema_version: str = ""
+    # Where to resume after this event (the SSE ``id:``): pass it back as ``last_event_id``
+    # to pick up later, even in another process. Opaque; not ``id``, which is the
+    # notification's and misses one that committed late.
+    resume_token: str | None = None
 
 
 @dataclass(slots=True)
@@ -103,9 +107,10 @@ def follow_run(
     """The status events of ``run``, live, for as long as the caller iterates.
 
     ``api_key`` is any key that may read the run (an agent's UI holds a ``customer`` key).
-    ``last_event_id`` resumes after that event instead of opening fresh (a fresh stream
-    starts with a ``run.status`` event: the run as it is now). ``read_timeout_s``: reconnect
-    when the server sends nothing, heartbeats included, for this long. ``http_client``: an
+    ``last_event_id`` (an event's ``resume_token``) resumes after that event instead of
+    opening fresh (a fresh stream starts with a ``run.status`` event: the run as it is
+    now). ``read_timeout_s``: reconnect when the server sends nothing, heartbeats included,
+    for this long. ``http_client``: an
     ``httpx.Client`` to use (its timeouts apply) instead of one of our own.
     """
     url = f"{base_url.rstrip('/')}/v1/runs/{quote(run, safe='')}/stream"
@@ -211,6 +216,7 @@ def _event(message: Message) -> StatusEvent | None:
             created_at=str(body.get("created_at", "")),
             data=dict(body.get("data") or {}),
             schema_version=str(body.get("schema_version", "")),
+            resume_token=message.id,
         )
     except (ValueError, KeyError, TypeError):
         return None
