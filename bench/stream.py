@@ -23,6 +23,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import shlex
 import sys
 import time
@@ -92,11 +93,15 @@ async def open_stream(port: int, key: str, subject: str) -> tuple[Any, Any]:
     return reader, writer
 
 
+NOTIFICATION_ID = re.compile(rb'"id":(\d+)')
+
+
 async def read_events(reader: Any, arrivals: dict[int, list[float]]) -> None:
-    """Every ``id:`` line's arrival time (chunked framing lines are not ``id:`` lines)."""
+    """Every event's arrival time by its notification id, the first ``"id"`` of its
+    ``data:`` line (the ``id:`` line is a resume token; chunked framing lines are neither)."""
     while line := await reader.readline():
-        if line.startswith(b"id: "):
-            arrivals.setdefault(int(line[4:]), []).append(time.monotonic())
+        if line.startswith(b"data: ") and (found := NOTIFICATION_ID.search(line)):
+            arrivals.setdefault(int(found.group(1)), []).append(time.monotonic())
 
 
 async def bare_listen(url: str, heard: dict[int, float], ready: asyncio.Event) -> None:
