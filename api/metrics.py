@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import re
 import time
+from pathlib import Path
 from typing import Any
 
 from litestar.types import ASGIApp, Receive, Scope, Send
@@ -32,7 +35,8 @@ KEY_LOOKUPS = Counter(
 )
 
 
-# Open live status streams of this process (summed over the live worker processes).
+# Open live status streams of this process, summed at scrape over the worker processes still
+# alive (``forget_dead_processes``): a killed worker's streams died with it.
 STREAMS_OPEN = Gauge(
     "fairmeter_streams_open", "Open live status streams", multiprocess_mode="livesum"
 )
@@ -68,6 +72,8 @@ def render_metrics(
     """Process metrics plus gauges read from the database at scrape time (shared state, so
     every API process reports the same numbers, e.g. the Stripe dead letter)."""
     if prometheus_values.ValueClass.__name__ == "MmapedValue":  # multi-process mode
+        # prometheus_client's own variable (api/server.py sets it for `serve --workers`).
+        forget_dead_processes(Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]))
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         body = generate_latest(registry)
@@ -76,6 +82,46 @@ def render_metrics(
     gauges = CollectorRegistry()
     gauges.register(_OutboxCollector(outbox_counts, rejected_by_code or {}))
     return body + generate_latest(gauges), CONTENT_TYPE_LATEST
+
+
+PROC = Path("/proc")
+LIVE_GAUGE_FILE = re.compile(r"gauge_live[a-z]+_(\d+)\.db")
+
+
+def forget_dead_processes(metrics_dir: Path) -> list[int]:
+    """Drop the live-gauge files (``multiprocess_mode="live…"``, such as the open streams) of
+    worker processes that no longer run; their pids. A worker that exits or is SIGKILLed
+    never decrements its share, and uvicorn's supervisor has no child-exit hook to call
+    prometheus_client's ``mark_process_dead`` from (gunicorn's ``child_exit`` is where its
+    docs put it), so each scrape does it. The directory is this host's, so are the pids."""
+    dead = sorted(
+        {
+            int(found.group(1))
+            for path in metrics_dir.iterdir()
+            if (found := LIVE_GAUGE_FILE.fullmatch(path.name)) and not _running(int(found.group(1)))
+        }
+    )
+    for pid in dead:
+        multiprocess.mark_process_dead(pid, str(metrics_dir))  # type: ignore[no-untyped-call]
+    return dead
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a process that still runs (a zombie, killed but not yet reaped by
+    its parent, does not)."""
+    if not PROC.is_dir():  # no /proc: ask the kernel whether the pid exists at all
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    try:
+        stat = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 class _OutboxCollector:

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 from litestar.testing import TestClient
 
+from api.metrics import forget_dead_processes
 from tests.helpers.events import STRUCTURED, auth, usage
 
 
@@ -108,3 +112,21 @@ def test_metrics_name_their_charset_once(client):
     content_type = client.get("/metrics").headers["content-type"]
     assert content_type.count("charset") == 1, content_type
     assert content_type.startswith("text/plain; version=")
+
+
+def test_a_scrape_forgets_only_the_live_gauges_of_processes_that_no_longer_run(tmp_path):
+    """Counters and histograms of a dead worker stay (they are totals); its live gauges go,
+    and a running process's stay."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    names = [
+        f"gauge_livesum_{gone.pid}.db",
+        f"gauge_livemax_{gone.pid}.db",
+        f"counter_{gone.pid}.db",
+        f"gauge_livesum_{os.getpid()}.db",
+        f"gauge_all_{gone.pid}.db",
+    ]
+    for name in names:
+        (tmp_path / name).write_bytes(b"")
+    assert forget_dead_processes(tmp_path) == [gone.pid]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[2:])

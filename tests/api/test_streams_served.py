@@ -11,13 +11,17 @@ emitting part); one test goes through real ingest.
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 import psycopg
 import pytest
+from prometheus_client.mmap_dict import MmapedDict
 
 from api.stream_hub import APPLICATION_NAME
 from metering.db import raw_transaction
@@ -320,3 +324,46 @@ def test_a_shutdown_cuts_open_streams_after_its_grace_instead_of_waiting_for_the
         api.process.wait(timeout=60)
         assert time.monotonic() - stopping < 10
         reader.close()
+
+
+def open_streams_by_process(metrics_dir: Path) -> dict[int, float]:
+    """The open-streams gauge as each worker wrote it in the multi-process directory."""
+    found: dict[int, float] = {}
+    for path in metrics_dir.glob("gauge_livesum_*.db"):
+        pid = int(path.stem.rsplit("_", 1)[1])
+        for key, value, *_ in MmapedDict.read_all_values_from_file(str(path)):
+            if json.loads(key)[0] == "fairmeter_streams_open":
+                found[pid] = found.get(pid, 0.0) + value
+    return found
+
+
+@pytest.mark.usefixtures("runs")
+def test_a_sigkilled_api_worker_leaves_none_of_its_streams_in_the_open_streams_gauge(
+    settings, make_key, tmp_path
+):
+    """``fairmeter serve --workers 2``, streams open on its workers, one worker SIGKILLed:
+    nothing of it decrements its share of the gauge, so the scrape must stop counting a
+    dead process's share (uvicorn starts a new worker meanwhile)."""
+    metrics_dir = tmp_path / "metrics"
+    metrics_dir.mkdir()
+    key = make_key(tenant="acme", scope="support")
+    with serve(
+        settings, tmp_path, workers=2, PROMETHEUS_MULTIPROC_DIR=str(metrics_dir), **STREAM_ENV
+    ) as api:
+        readers = [stream(api.base, "/v1/runs/run-a/stream", key) for _ in range(6)]
+        try:
+            for reader in readers:
+                opened(reader)
+            assert streams_open(api.base) == 6
+            held = {pid: n for pid, n in open_streams_by_process(metrics_dir).items() if n}
+            assert sum(held.values()) == 6
+            victim = max(held, key=lambda pid: held[pid])
+            os.kill(victim, signal.SIGKILL)
+            left = 6 - held[victim]
+            assert wait_until(lambda: streams_open(api.base) == left, 30), streams_open(api.base)
+            time.sleep(1.5)
+            assert streams_open(api.base) == left  # and it stays there
+        finally:
+            for reader in readers:
+                reader.close()
+        assert wait_until(lambda: streams_open(api.base) == 0, 15), streams_open(api.base)

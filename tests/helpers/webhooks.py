@@ -9,6 +9,7 @@ keeps every request in arrival order so tests can check order and duplicates.
 
 from __future__ import annotations
 
+import hmac
 import itertools
 import json
 import random
@@ -16,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -35,6 +37,7 @@ class Received:
     verified: bool
     status: int
     answered_seq: int = -1  # the order in which the answer was sent
+    at: datetime | None = None  # on the receiver's ``clock``, when it has one
 
     @property
     def payload(self) -> dict[str, Any]:
@@ -45,7 +48,9 @@ class Received:
 class Receiver:
     """``secrets``: what it verifies with (any one suffices, as the library does with the
     signatures). ``fail_rate``: the seeded share of verified requests answered 500.
-    ``hang``: while set, requests wait until it is cleared (or the client goes away)."""
+    ``hang``: while set, requests wait until it is cleared (or the client goes away).
+    ``clock``: stamps each arrival, for a test that drives time through an injected clock.
+    ``stop()`` then ``start()`` again is an outage: connections refused, same port."""
 
     secrets: list[str] = field(default_factory=list)
     fail_rate: float = 0.0
@@ -55,6 +60,7 @@ class Receiver:
     requests: list[Received] = field(default_factory=list)
     hang: threading.Event = field(default_factory=threading.Event)
     hung: threading.Event = field(default_factory=threading.Event)
+    clock: Callable[[], datetime] | None = None
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -89,6 +95,8 @@ class Receiver:
         self.stop()
 
     def verify(self, body: bytes, headers: dict[str, str]) -> bool:
+        if self.clock is not None:
+            return self._verify_on_clock(body, headers, self.clock())
         for secret in self.secrets:
             try:
                 Webhook(secret).verify(body, headers)
@@ -96,6 +104,21 @@ class Receiver:
                 continue
             return True
         return False
+
+    def _verify_on_clock(self, body: bytes, headers: dict[str, str], now: datetime) -> bool:
+        """``verify`` for a receiver living on an injected clock: the library's window of
+        five minutes is checked against that clock (the library reads the wall clock), the
+        signature is the library's own ``Webhook.sign``, compared as ``verify`` does."""
+        try:
+            sent = datetime.fromtimestamp(float(headers["webhook-timestamp"]), tz=UTC)
+            given = {s.split(",", 1)[1] for s in headers["webhook-signature"].split(" ")}
+        except (KeyError, ValueError, IndexError):
+            return False
+        if abs(now - sent) > timedelta(minutes=5):
+            return False
+        msg_id, text = headers.get("webhook-id", ""), body.decode()
+        expected = {Webhook(s).sign(msg_id, sent, text).split(",", 1)[1] for s in self.secrets}
+        return any(hmac.compare_digest(e, g) for e in expected for g in given)
 
     def answer(self, msg_id: str, verified: bool) -> int:
         """The status for one request, and the dedupe a real receiver does."""
@@ -122,6 +145,7 @@ def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
             body = self.rfile.read(length)
             headers = {k.lower(): v for k, v in self.headers.items()}
             msg_id = headers.get("webhook-id", "")
+            at = receiver.clock() if receiver.clock else None
             with receiver._lock:
                 seq = next(receiver._seq)
             while receiver.hang.is_set():
@@ -129,7 +153,7 @@ def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
                 time.sleep(0.05)
             verified = receiver.verify(body, headers)
             status = receiver.answer(msg_id, verified)
-            got = Received(seq, msg_id, headers, body, verified, status)
+            got = Received(seq, msg_id, headers, body, verified, status, at=at)
             with receiver._lock:
                 got.answered_seq = next(receiver._seq)
                 receiver.requests.append(got)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import re
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import unquote
 
@@ -19,7 +20,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from api.statements import attachment
+from metering.db import raw_transaction
+from metering.statements.render import csv_text
+from metering.webhooks.delivery import Attempt, claim, record
+from metering.webhooks.fanout import fan_out_pending
 from tests.helpers.events import auth
+from tests.helpers.webhooks import add_endpoint, notify
 from tests.security.reach import csrf_of, seed_legacy_run, segment, sign_in_to_console
 
 pytestmark = pytest.mark.timeout(180)
@@ -78,8 +85,6 @@ def test_the_csv_download_names_any_customer_safely(
 
 @given(st.text(max_size=60))
 def test_content_disposition_holds_one_file_name_whatever_the_id(name):
-    from api.statements import attachment
-
     value = attachment(f"statement-{name}-2026-11.csv")
     value.encode("latin-1")  # a valid header value ...
     assert not re.search(r"[\x00-\x1f\x7f]", value)  # ... on one line
@@ -115,8 +120,6 @@ def test_csv_cells_a_spreadsheet_would_evaluate_are_neutralised(client, engine, 
 
 @given(st.text(max_size=40))
 def test_a_csv_text_cell_reads_back_as_text(value):
-    from metering.statements.render import csv_text
-
     buffer = io.StringIO()
     csv.writer(buffer, quoting=csv.QUOTE_ALL).writerow([csv_text(value)])
     [cell] = next(csv.reader(io.StringIO(buffer.getvalue(), newline="")))
@@ -138,6 +141,17 @@ def assert_strict_csp(reply: Any, what: str) -> None:
     assert all(f'nonce="{nonce.group(1)}"' in attributes for attributes in styles), what
     assert not re.search(r"<[^>]+\sstyle=", reply.text), what
     assert "<script" not in reply.text, what
+    assert_safe_page_headers(reply, what)
+
+
+def assert_safe_page_headers(reply: Any, what: str) -> None:
+    """The rest of what every HTML page sends: no framing, no sniffing, no referrer beyond
+    ourselves, never cached (a console page shows a tenant's data to whoever holds it)."""
+    headers = reply.headers
+    assert headers.get("x-frame-options") == "DENY", what
+    assert headers.get("x-content-type-options") == "nosniff", what
+    assert headers.get("referrer-policy") == "same-origin", what
+    assert headers.get("cache-control") == "no-store", what
 
 
 def test_every_html_page_sends_a_strict_content_security_policy(
@@ -166,3 +180,63 @@ def test_every_html_page_sends_a_strict_content_security_policy(
             assert_strict_csp(reply, what)
     first, second = (httpx.get(f"{live_server}/console/login") for _ in range(2))
     assert first.headers["content-security-policy"] != second.headers["content-security-policy"]
+
+
+# A receiver's reply, shown in the delivery log: whatever the tenant's server answered.
+HOSTILE_REPLY = '</td></tr><script>alert(1)</script><style>body{display:none}</style><b style="x">'
+
+
+def seed_delivery_log(engine: Any, settings: Any) -> str:
+    """An endpoint (made through the use case) with one message whose attempt the receiver
+    answered with markup, recorded as the delivery records it; the endpoint's id."""
+    endpoint_id, _ = add_endpoint(engine, settings, "https://hooks.example.com/<b>x</b>")
+    notify(engine, "statement.closed", period="2026-11")
+    now = datetime.now(UTC)
+    fan_out_pending(engine, settings, lambda: now)
+    with raw_transaction(engine) as conn:
+        [message] = claim(conn, now, 1, timedelta(seconds=30))
+        failed = Attempt(now, False, 502, 12, HOSTILE_REPLY, "<i>error</i><script>x</script>")
+        record(conn, message, failed, settings)
+    return endpoint_id
+
+
+def test_the_console_webhook_pages_send_the_same_safe_headers(
+    live_server, engine, settings, make_key
+):
+    """Admins' webhook pages (issue #16): the endpoint list, an endpoint's delivery log with
+    a receiver's hostile reply in it, and the pages their forms and mistakes lead to."""
+    endpoint_id = seed_delivery_log(engine, settings)
+    admin = make_key(scope="admin")
+    with httpx.Client(base_url=live_server, timeout=30) as client:
+        sign_in_to_console(client, "", admin)
+        endpoint = client.get(f"/console/webhooks/{endpoint_id}")
+        assert endpoint.status_code == 200, endpoint.text
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in endpoint.text  # shown, as text
+        pages = {
+            "endpoints": client.get("/console/webhooks"),
+            "delivery log": endpoint,
+            "missing endpoint": client.get("/console/webhooks/we_missing"),
+            "bad since": client.post(
+                f"/console/webhooks/{endpoint_id}/redeliver",
+                data={"csrf": csrf_of(endpoint.text), "since": "yesterday"},
+            ),
+            "expired form": client.post(
+                f"/console/webhooks/{endpoint_id}/redeliver", data={"since": "2026-12-01"}
+            ),
+        }
+        assert [r.status_code for r in pages.values()] == [200, 200, 404, 422, 403]
+        for what, reply in pages.items():
+            assert_strict_csp(reply, what)
+        redirect = client.post(
+            f"/console/webhooks/{endpoint_id}/redeliver",
+            data={"csrf": csrf_of(endpoint.text), "since": "2026-01-01T00:00"},
+            follow_redirects=False,
+        )
+        assert redirect.status_code == 303
+        assert_strict_csp(client.get(redirect.headers["location"]), "after redelivery")
+    support = make_key(scope="support")
+    with httpx.Client(base_url=live_server, timeout=30) as client:
+        sign_in_to_console(client, "", support)
+        refused = client.get("/console/webhooks")
+        assert refused.status_code == 403
+        assert_strict_csp(refused, "support key refused")
