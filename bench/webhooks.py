@@ -13,7 +13,7 @@ and noting when each ``webhook-id`` arrived, on the machine's monotonic clock):
    ≥ 0.5).
 2. **latency** — starts a real worker and beat (``celery worker -B``, on a redis-server of
    its own) and commits ``run.settled`` notifications at ``--rate`` a second for
-   ``--seconds``, in batches every 10 ms, each batch kicking ``fairmeter.fan_out_webhooks``
+   ``--seconds``, in batches every 10 ms (one notification per batch below 100/s), each batch kicking ``fairmeter.fan_out_webhooks``
    as ``settle_run_chunk`` does after its commit; each delivery is timed from just before
    its batch's COMMIT to its arrival at the receiver (p50/p99).
 
@@ -264,8 +264,10 @@ def latency(
     from celery import Celery
 
     httpx.delete(f"{base}/stats", timeout=60)
-    per_batch = max(1, round(args.rate / 100))
-    batches = int(args.seconds * 100)
+    # Batches every 10 ms; below 100/s one notification a batch, the batches further apart.
+    period_s = max(0.01, 1 / args.rate)
+    per_batch = max(1, round(args.rate * period_s))
+    batches = int(args.seconds / period_s)
     committed: dict[int, float] = {}  # notification id → just before its COMMIT
     with private_redis() as redis_url, tempfile.TemporaryDirectory() as tmp:
         client = Celery(broker=redis_url)
@@ -286,7 +288,7 @@ def latency(
                     conn.commit()
                     committed.update(dict.fromkeys(ids, at))
                     client.send_task("fairmeter.fan_out_webhooks", expires=10)
-                    time.sleep(max(0.0, started + (b + 1) / 100 - time.monotonic()))
+                    time.sleep(max(0.0, started + (b + 1) * period_s - time.monotonic()))
                 elapsed = time.monotonic() - started
             seen = wait_for(base, len(committed), 180.0)["arrivals"]
         client.close()

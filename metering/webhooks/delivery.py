@@ -276,11 +276,21 @@ class _Held:
 def deliver_due(
     engine: Engine, settings: Settings, send: Send, clock: Callable[[], datetime]
 ) -> int:
-    """Claim and send due messages, up to ``webhooks_delivery_threads`` at a time, claiming
-    more as sends finish (a delivered message may free its run's next one) until nothing is
-    due or ``webhooks_round_s`` has passed; messages attempted."""
+    """Claim and send due messages, ``webhooks_delivery_threads`` at a time, until nothing
+    is due or ``webhooks_round_s`` has passed; messages attempted.
+
+    The sends run in the pool; claiming and recording stay in this thread, each a serial
+    step done for many messages at once. Claims are made ahead, up to
+    ``webhooks_delivery_batch`` held at once, whenever fewer than
+    ``webhooks_delivery_threads`` are left (claiming one or two per finished send spent
+    more time claiming than sending); a message claimed ahead waits in the pool's queue
+    under the round's lease, renewed by its heartbeat. The attempts that finished together
+    are recorded in one transaction, each by :func:`record` as before: a worker killed
+    before the commit sends them again under the same ``webhook-id``, which at-least-once
+    allows. A send that finishes may free its run's next message: the next claim takes it."""
     lease = timedelta(seconds=settings.webhooks_lease_s)
     threads = max(1, settings.webhooks_delivery_threads)
+    ahead = max(threads, settings.webhooks_delivery_batch)
     deadline = time.monotonic() + settings.webhooks_round_s
     held = _Held()
 
@@ -288,32 +298,27 @@ def deliver_due(
         with raw_transaction(engine) as conn:
             renew(conn, held.pairs(), until)
 
-    def one(message: Claimed) -> None:
-        try:
-            result = attempt(message, settings, send, clock)
-            with raw_transaction(engine) as conn:
-                record(conn, message, result, settings)
-        finally:
-            held.drop(message)
+    def one(message: Claimed) -> tuple[Claimed, Attempt]:
+        return message, attempt(message, settings, send, clock)
 
     sent = 0
-    running: set[Future[None]] = set()
+    running: set[Future[tuple[Claimed, Attempt]]] = set()
     heartbeat = Heartbeat(renew_held, lease, clock, name="webhooks", written_at=time.monotonic())
     with heartbeat, ThreadPoolExecutor(threads, thread_name_prefix="webhook") as pool:
         while True:
-            if time.monotonic() < deadline:
+            if len(running) < threads and time.monotonic() < deadline:
                 with raw_transaction(engine) as conn:
-                    claimed = claim(
-                        conn,
-                        clock(),
-                        min(threads - len(running), settings.webhooks_delivery_batch),
-                        lease,
-                    )
+                    claimed = claim(conn, clock(), ahead - len(running), lease)
                 held.add(claimed)
                 sent += len(claimed)
                 running |= {pool.submit(one, m) for m in claimed}
             if not running:
                 return sent
             finished, running = wait(running, timeout=1.0, return_when=FIRST_COMPLETED)
-            for future in finished:
-                future.result()
+            attempts = [future.result() for future in finished]
+            if attempts:
+                with raw_transaction(engine) as conn:
+                    for message, result in attempts:
+                        record(conn, message, result, settings)
+                for message, _ in attempts:
+                    held.drop(message)
