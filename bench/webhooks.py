@@ -15,9 +15,10 @@ and noting when each ``webhook-id`` arrived, on the machine's monotonic clock):
    its own) and commits ``run.settled`` notifications at ``--rate`` a second for
    ``--seconds``, in batches every 10 ms (one notification a batch below 100/s), each
    batch kicking ``fairmeter.fan_out_webhooks`` as ``settle_run_chunk`` does after its
-   commit; each delivery is timed from just before its batch's COMMIT to its arrival at
-   the receiver (p50/p99), and split into stages by the database's own times: until the
-   fan-out transaction began, until the first attempt started, and the send.
+   commit (``kick_once``: sent unless a kick is already waiting); each delivery is timed
+   from just before its batch's COMMIT to its arrival at the receiver (p50/p99), and split
+   into stages by the database's own times: until the fan-out transaction began, until
+   the first attempt started, and the send.
 
 What it stands in for: the timed commit is the notification commit a settlement makes
 (``record_many`` of ``run.settled``), not a settlement decision: driving the settlement
@@ -42,6 +43,7 @@ from typing import Any
 
 import httpx
 import psycopg
+import redis
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python bench/webhooks.py` puts bench/, not the root, first
@@ -59,11 +61,13 @@ from metering.settlement.runner import now_utc  # noqa: E402
 from metering.webhooks.delivery import deliver_due  # noqa: E402
 from metering.webhooks.endpoints import EndpointSpec, create_endpoint  # noqa: E402
 from metering.webhooks.fanout import fan_out_pending  # noqa: E402
+from reconciler.kicks import kick_once  # noqa: E402
 from reconciler.webhook_sender import WebhookSender  # noqa: E402
 
 PEPPER = "bench-webhooks-pepper-0123456789abcdef0123456"
 DATABASE = "fairmeter_bench_webhooks"
 RATIO_TARGET = 0.5
+FAN_OUT = "fairmeter.fan_out_webhooks"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -276,6 +280,7 @@ def latency(
     offset_s = time.time() - time.monotonic()
     with private_redis() as redis_url, tempfile.TemporaryDirectory() as tmp:
         client = Celery(broker=redis_url)
+        flags = redis.Redis.from_url(redis_url)
         with worker(settings, redis_url, Path(tmp) / "worker.log"):
             # The worker is up once a message sent now arrives.
             with psycopg.connect(settings.database_url) as conn:
@@ -292,11 +297,12 @@ def latency(
                     at = time.monotonic()
                     conn.commit()
                     committed.update(dict.fromkeys(ids, at))
-                    client.send_task("fairmeter.fan_out_webhooks", expires=10)
+                    kick_once(flags, FAN_OUT, lambda e: client.send_task(FAN_OUT, expires=e))
                     time.sleep(max(0.0, started + (b + 1) * period_s - time.monotonic()))
                 elapsed = time.monotonic() - started
             seen = wait_for(base, len(committed), 180.0)["arrivals"]
         client.close()
+        flags.close()
     with psycopg.connect(settings.database_url) as conn:
         rows = conn.execute(
             """

@@ -16,8 +16,9 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -37,6 +38,14 @@ EXCERPT_CHARS = 500
 # Claims serialise on this transaction advisory lock: the head-of-line rule reads other
 # rows' states, which two claims at once could each read before the other's lease.
 CLAIM_LOCK_KEY = 0x3E6B_0016
+# Delivery rounds take one of ``webhooks_delivery_rounds`` session advisory locks
+# (ROUND_LOCK_KEY, slot): a round already running takes what became due as it goes, so
+# more rounds at once would only hold more worker processes (settlement and fan-out wait
+# for a free one) and contend for the claim lock.
+ROUND_LOCK_KEY = 0x3E6B_0017
+# While sends are in flight and none finishes, a round still claims what became due this
+# often (a slow receiver must not hold up the next message's first attempt for long).
+CLAIM_EVERY_S = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,9 +93,10 @@ class Attempt:
     error: str | None
 
 
-CLAIM = """
-WITH picked AS (
-    SELECT m.id FROM webhook_messages m
+# The messages a claim may take: due, not leased, of an enabled endpoint, each the head of
+# its (endpoint, run) line.
+CLAIMABLE = """
+    FROM webhook_messages m
     JOIN webhook_endpoints e ON e.id = m.endpoint_id
     WHERE m.status = 'pending' AND m.next_attempt_at <= %(now)s
       AND (m.claimed_until IS NULL OR m.claimed_until <= %(now)s)
@@ -95,6 +105,10 @@ WITH picked AS (
           SELECT 1 FROM webhook_messages p
           WHERE p.endpoint_id = m.endpoint_id AND p.run_id = m.run_id
             AND p.status = 'pending' AND p.notification_id < m.notification_id))
+"""
+CLAIM = f"""
+WITH picked AS (
+    SELECT m.id {CLAIMABLE}
     ORDER BY m.next_attempt_at, m.id
     LIMIT %(limit)s
 )
@@ -120,6 +134,13 @@ def claim(
         Claimed(r[0], r[1], r[2], r[3], r[4], r[5], r[6], EndpointSeeds(r[7], r[8], r[9]))
         for r in rows
     ]
+
+
+def has_due(conn: psycopg.Connection[Any], now: datetime) -> bool:
+    """Whether a claim made now would take anything (a message waiting behind its run's
+    earlier one, or for its next retry, does not count)."""
+    row = conn.execute(f"SELECT EXISTS (SELECT 1 {CLAIMABLE})", {"now": now}).fetchone()
+    return bool(row and row[0])
 
 
 RENEW = """
@@ -314,7 +335,7 @@ def deliver_due(
                 running |= {pool.submit(one, m) for m in claimed}
             if not running:
                 return sent
-            finished, running = wait(running, timeout=1.0, return_when=FIRST_COMPLETED)
+            finished, running = wait(running, timeout=CLAIM_EVERY_S, return_when=FIRST_COMPLETED)
             attempts = [future.result() for future in finished]
             if attempts:
                 with raw_transaction(engine) as conn:
@@ -322,3 +343,59 @@ def deliver_due(
                         record(conn, message, result, settings)
                 for message, _ in attempts:
                     held.drop(message)
+
+
+@contextmanager
+def round_slot(engine: Engine, slots: int) -> Iterator[bool]:
+    """Hold one of ``slots`` delivery-round locks for the block; ``False`` when all are
+    held by other rounds. A session lock on a connection kept out of the pool meanwhile,
+    in autocommit (no transaction stays open for the round): a worker that dies mid-round
+    drops its connection and with it the lock."""
+    raw = engine.raw_connection()
+    clean = False  # lock let go and autocommit off again: the connection may be pooled
+    try:
+        driver = raw.driver_connection
+        assert isinstance(driver, psycopg.Connection)
+        driver.autocommit = True
+        held: int | None = None
+        for slot in range(max(1, slots)):
+            row = driver.execute(
+                "SELECT pg_try_advisory_lock(%s, %s)", (ROUND_LOCK_KEY, slot)
+            ).fetchone()
+            if row and row[0]:
+                held = slot
+                break
+        yield held is not None
+        if held is not None:
+            driver.execute("SELECT pg_advisory_unlock(%s, %s)", (ROUND_LOCK_KEY, held))
+        driver.autocommit = False
+        clean = True
+    finally:
+        if not clean:  # closing the session is what surely lets go of its lock
+            raw.invalidate()
+        raw.close()
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    sent: int  # messages attempted, 0 when it did not run
+    ran: bool  # False: every round slot was taken, another round delivers
+    more_due: bool  # after the round let go of its slot, something was due: kick again
+
+
+def deliver_in_turn(
+    engine: Engine, settings: Settings, send: Send, clock: Callable[[], datetime]
+) -> Round:
+    """A delivery round if a slot is free, then a look for what became due meanwhile.
+
+    The look comes after the slot is let go, so a message made while the round was ending
+    is either claimed by that round, or seen here (its kick found the slot taken and left),
+    or kicks a round that finds the slot free. A round that found no slot does not look:
+    the round holding it will."""
+    with round_slot(engine, settings.webhooks_delivery_rounds) as ran:
+        sent = deliver_due(engine, settings, send, clock) if ran else 0
+    if not ran:
+        return Round(0, ran=False, more_due=False)
+    with raw_transaction(engine) as conn:
+        more = has_due(conn, clock())
+    return Round(sent, ran=True, more_due=more)

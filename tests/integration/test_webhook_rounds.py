@@ -1,0 +1,69 @@
+"""One delivery round at a time: a second round leaves at once without sending (the round
+that runs takes what became due), and the round that ran says whether something is due
+after it let go of its slot, so its task kicks the next one; a message waiting behind its
+run's earlier one, or for its retry, is not "due" (no round kicks itself in a loop)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+
+from metering.db import raw_transaction
+from metering.webhooks.delivery import ROUND_LOCK_KEY, deliver_in_turn, has_due
+from metering.webhooks.fanout import fan_out_pending
+from reconciler.webhook_sender import WebhookSender
+from tests.helpers.events import usage
+from tests.helpers.ingest import ingest
+from tests.helpers.webhooks import Receiver, add_endpoint, notify, wait_for
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def test_a_second_round_leaves_at_once_and_the_first_sends(engine, settings, db):
+    allowed = settings.model_copy(update={"webhooks_allow_private": True})
+    ingest(engine, settings, [usage(run="run-1", customer="cust-1")])
+    sender = WebhookSender()
+    with Receiver() as receiver:
+        _, secret = add_endpoint(engine, settings, receiver.url)
+        receiver.secrets = [secret]
+        notify(engine, "run.settled", run="run-1")
+        fan_out_pending(engine, allowed, now)
+        url = str(engine.url.render_as_string(hide_password=False)).replace("+psycopg", "")
+        with psycopg.connect(url, autocommit=True) as other_round:
+            other_round.execute("SELECT pg_advisory_lock(%s, 0)", (ROUND_LOCK_KEY,))
+            left = deliver_in_turn(engine, allowed, sender, now)
+            assert (left.ran, left.sent, left.more_due) == (False, 0, False)
+            assert receiver.requests == []
+        ran = deliver_in_turn(engine, allowed, sender, now)  # the other round has ended
+        assert (ran.ran, ran.sent, ran.more_due) == (True, 1, False)
+        wait_for(lambda: len(receiver.processed) == 1, 10)
+    sender.close()
+    # The slot was let go: nothing of the round's session lingers in the pool.
+    locks = db.execute(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s",
+        (ROUND_LOCK_KEY,),
+    ).fetchone()
+    assert locks == (0,)
+
+
+def test_only_what_a_claim_would_take_is_due(engine, settings, db: Any):
+    ingest(engine, settings, [usage(run="run-1", customer="cust-1")])
+    add_endpoint(engine, settings, "https://93.184.215.14/a")
+    notify(engine, "run.settled", run="run-1")
+    notify(engine, "run.resettled", run="run-1")
+    fan_out_pending(engine, settings, now)
+    with raw_transaction(engine) as conn:
+        assert has_due(conn, now())
+    # The run's first message waits for its retry: the second waits behind it.
+    db.execute(
+        "UPDATE webhook_messages SET next_attempt_at = %s WHERE notification_id = "
+        "(SELECT min(notification_id) FROM webhook_messages)",
+        (now() + timedelta(minutes=5),),
+    )
+    with raw_transaction(engine) as conn:
+        assert not has_due(conn, now())
+        assert has_due(conn, now() + timedelta(minutes=6))
