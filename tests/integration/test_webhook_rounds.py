@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+import pytest
 
 from metering.db import raw_transaction
 from metering.webhooks.delivery import (
@@ -18,6 +19,7 @@ from metering.webhooks.delivery import (
     deliver_in_turn,
     has_due,
     record_delivered,
+    round_slot,
 )
 from metering.webhooks.fanout import fan_out_pending
 from reconciler.webhook_sender import WebhookSender
@@ -108,3 +110,21 @@ def test_delivered_attempts_recorded_together_are_each_recorded_as_alone(engine,
     ]
     streak = db.execute("SELECT failing_since FROM webhook_endpoints WHERE id = %s", (endpoint,))
     assert streak.fetchone() == (None,)
+
+
+def test_a_round_that_fails_lets_go_of_its_slot(engine, settings, db):
+    """Its connection is dropped, not pooled with the lock still held: the next round runs
+    (once the server has noticed the closed session, a moment later)."""
+    with pytest.raises(RuntimeError), round_slot(engine, 1) as ran:
+        assert ran
+        raise RuntimeError("the round failed")
+
+    def free() -> bool:
+        with round_slot(engine, 1) as ran:
+            return ran
+
+    wait_for(free, 10)
+    with round_slot(engine, 2) as first, round_slot(engine, 2) as second:
+        assert (first, second) == (True, True)  # two slots, two rounds
+        with round_slot(engine, 2) as third:
+            assert not third
