@@ -13,9 +13,12 @@ and noting when each ``webhook-id`` arrived, on the machine's monotonic clock):
    ≥ 0.5).
 2. **latency** — starts a real worker and beat (``celery worker -B``, on a redis-server of
    its own) and commits ``run.settled`` notifications at ``--rate`` a second for
-   ``--seconds``, in batches every 10 ms, each batch kicking ``fairmeter.fan_out_webhooks``
-   as ``settle_run_chunk`` does after its commit; each delivery is timed from just before
-   its batch's COMMIT to its arrival at the receiver (p50/p99).
+   ``--seconds``, in batches every 10 ms (one notification a batch below 100/s), each
+   batch kicking ``fairmeter.fan_out_webhooks`` as ``settle_run_chunk`` does after its
+   commit (``kick_once``: sent unless a kick is already waiting); each delivery is timed
+   from just before its batch's COMMIT to its arrival at the receiver (p50/p99), and split
+   into stages by the database's own times: until the fan-out transaction began, until
+   the first attempt started, and the send.
 
 What it stands in for: the timed commit is the notification commit a settlement makes
 (``record_many`` of ``run.settled``), not a settlement decision: driving the settlement
@@ -40,6 +43,7 @@ from typing import Any
 
 import httpx
 import psycopg
+import redis
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python bench/webhooks.py` puts bench/, not the root, first
@@ -57,11 +61,13 @@ from metering.settlement.runner import now_utc  # noqa: E402
 from metering.webhooks.delivery import deliver_due  # noqa: E402
 from metering.webhooks.endpoints import EndpointSpec, create_endpoint  # noqa: E402
 from metering.webhooks.fanout import fan_out_pending  # noqa: E402
+from reconciler.kicks import kick_once  # noqa: E402
 from reconciler.webhook_sender import WebhookSender  # noqa: E402
 
 PEPPER = "bench-webhooks-pepper-0123456789abcdef0123456"
 DATABASE = "fairmeter_bench_webhooks"
 RATIO_TARGET = 0.5
+FAN_OUT = "fairmeter.fan_out_webhooks"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -264,11 +270,17 @@ def latency(
     from celery import Celery
 
     httpx.delete(f"{base}/stats", timeout=60)
-    per_batch = max(1, round(args.rate / 100))
-    batches = int(args.seconds * 100)
+    # Batches every 10 ms; below 100/s one notification a batch, the batches further apart.
+    period_s = max(0.01, 1 / args.rate)
+    per_batch = max(1, round(args.rate * period_s))
+    batches = int(args.seconds / period_s)
     committed: dict[int, float] = {}  # notification id → just before its COMMIT
+    # The same instant on the wall clock, to place the database's own times (when the
+    # fan-out transaction began, when the first attempt started) on the monotonic one.
+    offset_s = time.time() - time.monotonic()
     with private_redis() as redis_url, tempfile.TemporaryDirectory() as tmp:
         client = Celery(broker=redis_url)
+        flags = redis.Redis.from_url(redis_url)
         with worker(settings, redis_url, Path(tmp) / "worker.log"):
             # The worker is up once a message sent now arrives.
             with psycopg.connect(settings.database_url) as conn:
@@ -285,25 +297,38 @@ def latency(
                     at = time.monotonic()
                     conn.commit()
                     committed.update(dict.fromkeys(ids, at))
-                    client.send_task("fairmeter.fan_out_webhooks", expires=10)
-                    time.sleep(max(0.0, started + (b + 1) / 100 - time.monotonic()))
+                    kick_once(flags, FAN_OUT, lambda e: client.send_task(FAN_OUT, expires=e))
+                    time.sleep(max(0.0, started + (b + 1) * period_s - time.monotonic()))
                 elapsed = time.monotonic() - started
             seen = wait_for(base, len(committed), 180.0)["arrivals"]
         client.close()
+        flags.close()
     with psycopg.connect(settings.database_url) as conn:
-        by_msg: dict[str, int] = dict(
-            conn.execute(
-                "SELECT msg_id, notification_id FROM webhook_messages "
-                "WHERE notification_id = ANY(%s)",
-                (list(committed),),
-            ).fetchall()
-        )
-    ms = sorted((t - committed[by_msg[m]]) * 1000 for m, t in seen.items() if m in by_msg)
+        rows = conn.execute(
+            """
+            SELECT m.msg_id, m.notification_id, extract(epoch FROM m.created_at),
+                   (SELECT extract(epoch FROM min(a.started_at)) FROM webhook_attempts a
+                    WHERE a.message_id = m.id)
+            FROM webhook_messages m WHERE m.notification_id = ANY(%s)
+            """,
+            (list(committed),),
+        ).fetchall()
+    ms: list[float] = []
+    stages: dict[str, list[float]] = {"to fan-out": [], "to first send": [], "send": []}
+    for msg_id, notification, made_s, first_s in rows:
+        if msg_id not in seen or first_s is None:
+            continue
+        at, made, first = committed[notification], float(made_s), float(first_s)
+        ms.append((seen[msg_id] - at) * 1000)
+        stages["to fan-out"].append((made - offset_s - at) * 1000)
+        stages["to first send"].append((first - made) * 1000)
+        stages["send"].append((seen[msg_id] - (first - offset_s)) * 1000)
     return {
         "committed": len(committed),
         "rate": len(committed) / elapsed,
         "received": len(ms),
-        **percentiles(ms),
+        **percentiles(sorted(ms)),
+        "stages": {name: percentiles(sorted(v)) for name, v in stages.items()},
     }
 
 
@@ -342,6 +367,16 @@ def report(args: argparse.Namespace, one: dict[str, float], two: dict[str, Any])
     print("| from COMMIT to receiver | p50 ms | p99 ms | max ms |")
     print("|---|---|---|---|")
     print(f"| run.settled webhook | {two['p50']:.0f} | {two['p99']:.0f} | {two['max']:.0f} |")
+    print("where the wait is (from the database's clock; each stage's own percentiles):")
+    print("| stage | p50 ms | p99 ms | max ms |")
+    print("|---|---|---|---|")
+    what = {
+        "to fan-out": "COMMIT → its fan-out transaction began (kick queued, fan-out task waits)",
+        "to first send": "fan-out began → first attempt (fan-out, delivery kick, claim)",
+        "send": "first attempt → arrival (sign, HTTP)",
+    }
+    for name, p in two["stages"].items():
+        print(f"| {what[name]} | {p['p50']:.0f} | {p['p99']:.0f} | {p['max']:.0f} |")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -247,6 +247,10 @@ class Settings(BaseSettings):
     # A delivery task keeps claiming what became due (a run's next message once the one
     # before it is delivered) for this long before it leaves the rest to the next one.
     webhooks_round_s: float = 10.0
+    # Delivery rounds at once across all workers (each sends ``webhooks_delivery_threads``
+    # at a time); more rounds than this leave at once, so the rest of a worker's processes
+    # stay free for settlement and fan-out. Raise it with the number of worker hosts.
+    webhooks_delivery_rounds: int = 1
     # A notification id the fan-out passed over (its transaction had not committed yet) is
     # looked for again until this long after: longer than any transaction that records one
     # may stay open (the tasks' hard limit is 150 s).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import redis
 from sqlalchemy.engine import Engine
 
 from metering.billing.push import Pusher
@@ -14,6 +15,7 @@ from reconciler.webhook_sender import WebhookSender
 _engines: dict[int, Engine] = {}
 _pushers: dict[int, Pusher] = {}
 _senders: dict[int, WebhookSender] = {}
+_redis: dict[int, redis.Redis] = {}
 
 
 def settings() -> Settings:
@@ -41,3 +43,11 @@ def webhook_sender() -> WebhookSender:
     if pid not in _senders:
         _senders[pid] = WebhookSender()
     return _senders[pid]
+
+
+def redis_client() -> redis.Redis:
+    """The broker's Redis, for the kicks' flags; a client per process, like the engine."""
+    pid = os.getpid()
+    if pid not in _redis:
+        _redis[pid] = redis.Redis.from_url(settings().redis_url)
+    return _redis[pid]

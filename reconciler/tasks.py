@@ -9,17 +9,18 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime, timedelta
 
+from celery import Task
+
 from metering.billing import service as billing
 from metering.settlement.runner import claim_due_chunks, now_utc, settle_chunk
 from metering.statements.closing import close_due_statements
-from metering.webhooks.delivery import deliver_due
+from metering.webhooks.delivery import deliver_in_turn
 from metering.webhooks.fanout import fan_out_pending
 from reconciler.celery_app import app
-from reconciler.engine import engine, pusher, settings, webhook_sender
+from reconciler.engine import engine, pusher, redis_client, settings, webhook_sender
+from reconciler.kicks import kick_once, started
 
 log = logging.getLogger("fairmeter.tasks")
-# A kick still queued this long after it was sent is stale: beat has done its work since.
-KICK_EXPIRES_S = 30
 
 
 @app.task(name="fairmeter.ping")
@@ -43,7 +44,7 @@ def settle_run_chunk(run_ids: list[int]) -> int:
     if report.records and settings().stripe_enabled:
         push_stripe_outbox.delay()  # sent after the settlement committed
     if report.decided:
-        fan_out_webhooks.apply_async(expires=KICK_EXPIRES_S)  # its notifications, at once
+        kick(fan_out_webhooks)  # its notifications, at once
     return len(report.decided)
 
 
@@ -90,17 +91,29 @@ def check_stripe_drift() -> int:
     return found
 
 
+def kick(task: Task) -> None:
+    """Send ``task`` at once unless a kick of it is already waiting (reconciler/kicks.py)."""
+    kick_once(redis_client(), task.name, lambda expires_s: task.apply_async(expires=expires_s))
+
+
 @app.task(name="fairmeter.fan_out_webhooks")
 def fan_out_webhooks() -> int:
     """Beat, and right after a settlement: new notifications → webhook messages, whose
     delivery is kicked at once (sub-second, not at the next beat)."""
+    started(redis_client(), fan_out_webhooks.name)
     created = fan_out_pending(engine(), settings(), now_utc)
     if created:
-        deliver_webhooks.apply_async(expires=KICK_EXPIRES_S)
+        kick(deliver_webhooks)
     return created
 
 
 @app.task(name="fairmeter.deliver_webhooks")
 def deliver_webhooks() -> int:
-    """Beat, and after a fan-out: send due webhook messages, outside any transaction."""
-    return deliver_due(engine(), settings(), webhook_sender(), now_utc)
+    """Beat, and after a fan-out: send due webhook messages, outside any transaction, in
+    the one delivery round running (or leave at once: that round takes them); a round that
+    ends with more due kicks the next."""
+    started(redis_client(), deliver_webhooks.name)
+    done = deliver_in_turn(engine(), settings(), webhook_sender(), now_utc)
+    if done.more_due:
+        kick(deliver_webhooks)
+    return done.sent

@@ -16,8 +16,9 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -37,6 +38,14 @@ EXCERPT_CHARS = 500
 # Claims serialise on this transaction advisory lock: the head-of-line rule reads other
 # rows' states, which two claims at once could each read before the other's lease.
 CLAIM_LOCK_KEY = 0x3E6B_0016
+# Delivery rounds take one of ``webhooks_delivery_rounds`` session advisory locks
+# (ROUND_LOCK_KEY, slot): a round already running takes what became due as it goes, so
+# more rounds at once would only hold more worker processes (settlement and fan-out wait
+# for a free one) and contend for the claim lock.
+ROUND_LOCK_KEY = 0x3E6B_0017
+# While sends are in flight and none finishes, a round still claims what became due this
+# often (a slow receiver must not hold up the next message's first attempt for long).
+CLAIM_EVERY_S = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,9 +93,10 @@ class Attempt:
     error: str | None
 
 
-CLAIM = """
-WITH picked AS (
-    SELECT m.id FROM webhook_messages m
+# The messages a claim may take: due, not leased, of an enabled endpoint, each the head of
+# its (endpoint, run) line.
+CLAIMABLE = """
+    FROM webhook_messages m
     JOIN webhook_endpoints e ON e.id = m.endpoint_id
     WHERE m.status = 'pending' AND m.next_attempt_at <= %(now)s
       AND (m.claimed_until IS NULL OR m.claimed_until <= %(now)s)
@@ -95,6 +105,10 @@ WITH picked AS (
           SELECT 1 FROM webhook_messages p
           WHERE p.endpoint_id = m.endpoint_id AND p.run_id = m.run_id
             AND p.status = 'pending' AND p.notification_id < m.notification_id))
+"""
+CLAIM = f"""
+WITH picked AS (
+    SELECT m.id {CLAIMABLE}
     ORDER BY m.next_attempt_at, m.id
     LIMIT %(limit)s
 )
@@ -120,6 +134,13 @@ def claim(
         Claimed(r[0], r[1], r[2], r[3], r[4], r[5], r[6], EndpointSeeds(r[7], r[8], r[9]))
         for r in rows
     ]
+
+
+def has_due(conn: psycopg.Connection[Any], now: datetime) -> bool:
+    """Whether a claim made now would take anything (a message waiting behind its run's
+    earlier one, or for its next retry, does not count)."""
+    row = conn.execute(f"SELECT EXISTS (SELECT 1 {CLAIMABLE})", {"now": now}).fetchone()
+    return bool(row and row[0])
 
 
 RENEW = """
@@ -227,6 +248,56 @@ def record(
     return updated == 1
 
 
+RECORD_DELIVERED_ATTEMPTS = """
+INSERT INTO webhook_attempts (message_id, attempt, outcome, started_at, status_code,
+                              latency_ms, response_excerpt)
+SELECT m.id, x.attempt, 'delivered', x.started_at, x.status_code, x.latency_ms, x.excerpt
+FROM unnest(%s::bigint[], %s::int[], %s::timestamptz[], %s::int[], %s::int[], %s::text[])
+     AS x(id, attempt, started_at, status_code, latency_ms, excerpt)
+JOIN webhook_messages m ON m.id = x.id
+ORDER BY m.id
+ON CONFLICT (message_id, attempt) DO NOTHING
+"""
+RECORD_DELIVERED_MESSAGES = """
+UPDATE webhook_messages m
+SET status = 'delivered', finished_at = x.started_at, claimed_until = NULL
+FROM unnest(%s::bigint[], %s::int[], %s::timestamptz[]) AS x(id, attempt, started_at)
+WHERE m.id = x.id AND m.attempts = x.attempt AND m.status = 'pending'
+"""
+
+
+def record_delivered(conn: psycopg.Connection[Any], done: Sequence[tuple[Claimed, Attempt]]) -> int:
+    """:func:`record` for many delivered attempts at once, in three statements (recording
+    each with three of its own was the serial step a round spent most of its time in):
+    the attempts logged, the messages delivered unless another sender has them now, their
+    endpoints' failure streaks ended. How many were still this sender's."""
+    assert all(result.delivered for _, result in done)
+    if not done:
+        return 0
+    done = sorted(done, key=lambda pair: pair[0].id)
+    ids = [m.id for m, _ in done]
+    attempts = [m.attempt for m, _ in done]
+    started = [r.started_at for _, r in done]
+    conn.execute(
+        RECORD_DELIVERED_ATTEMPTS,
+        (
+            ids,
+            attempts,
+            started,
+            [r.status_code for _, r in done],
+            [r.latency_ms for _, r in done],
+            [r.excerpt[:EXCERPT_CHARS] if r.excerpt else None for _, r in done],
+        ),
+    )
+    updated = conn.execute(RECORD_DELIVERED_MESSAGES, (ids, attempts, started)).rowcount
+    conn.execute(
+        "UPDATE webhook_endpoints SET failing_since = NULL "
+        "WHERE id = ANY(%s) AND failing_since IS NOT NULL",
+        (sorted({m.endpoint_id for m, _ in done}),),
+    )
+    return updated
+
+
 def _endpoint_health(
     conn: psycopg.Connection[Any], endpoint_id: str, result: Attempt, settings: Settings
 ) -> None:
@@ -276,11 +347,22 @@ class _Held:
 def deliver_due(
     engine: Engine, settings: Settings, send: Send, clock: Callable[[], datetime]
 ) -> int:
-    """Claim and send due messages, up to ``webhooks_delivery_threads`` at a time, claiming
-    more as sends finish (a delivered message may free its run's next one) until nothing is
-    due or ``webhooks_round_s`` has passed; messages attempted."""
+    """Claim and send due messages, ``webhooks_delivery_threads`` at a time, until nothing
+    is due or ``webhooks_round_s`` has passed; messages attempted.
+
+    The sends run in the pool; claiming and recording stay in this thread, each a serial
+    step done for many messages at once. Claims are made ahead, up to
+    ``webhooks_delivery_batch`` held at once, whenever fewer than
+    ``webhooks_delivery_threads`` are left (claiming one or two per finished send spent
+    more time claiming than sending); a message claimed ahead waits in the pool's queue
+    under the round's lease, renewed by its heartbeat. The attempts that finished together
+    are recorded in one transaction (the delivered ones by :func:`record_delivered`, the
+    others one by one by :func:`record`, which schedules their retries): a worker killed
+    before the commit sends them again under the same ``webhook-id``, which at-least-once
+    allows. A send that finishes may free its run's next message: the next claim takes it."""
     lease = timedelta(seconds=settings.webhooks_lease_s)
     threads = max(1, settings.webhooks_delivery_threads)
+    ahead = max(threads, settings.webhooks_delivery_batch)
     deadline = time.monotonic() + settings.webhooks_round_s
     held = _Held()
 
@@ -288,32 +370,85 @@ def deliver_due(
         with raw_transaction(engine) as conn:
             renew(conn, held.pairs(), until)
 
-    def one(message: Claimed) -> None:
-        try:
-            result = attempt(message, settings, send, clock)
-            with raw_transaction(engine) as conn:
-                record(conn, message, result, settings)
-        finally:
-            held.drop(message)
+    def one(message: Claimed) -> tuple[Claimed, Attempt]:
+        return message, attempt(message, settings, send, clock)
 
     sent = 0
-    running: set[Future[None]] = set()
+    running: set[Future[tuple[Claimed, Attempt]]] = set()
     heartbeat = Heartbeat(renew_held, lease, clock, name="webhooks", written_at=time.monotonic())
     with heartbeat, ThreadPoolExecutor(threads, thread_name_prefix="webhook") as pool:
         while True:
-            if time.monotonic() < deadline:
+            if len(running) < threads and time.monotonic() < deadline:
                 with raw_transaction(engine) as conn:
-                    claimed = claim(
-                        conn,
-                        clock(),
-                        min(threads - len(running), settings.webhooks_delivery_batch),
-                        lease,
-                    )
+                    claimed = claim(conn, clock(), ahead - len(running), lease)
                 held.add(claimed)
                 sent += len(claimed)
                 running |= {pool.submit(one, m) for m in claimed}
             if not running:
                 return sent
-            finished, running = wait(running, timeout=1.0, return_when=FIRST_COMPLETED)
-            for future in finished:
-                future.result()
+            finished, running = wait(running, timeout=CLAIM_EVERY_S, return_when=FIRST_COMPLETED)
+            attempts = [future.result() for future in finished]
+            if attempts:
+                with raw_transaction(engine) as conn:
+                    record_delivered(conn, [a for a in attempts if a[1].delivered])
+                    for message, result in attempts:
+                        if not result.delivered:
+                            record(conn, message, result, settings)
+                for message, _ in attempts:
+                    held.drop(message)
+
+
+@contextmanager
+def round_slot(engine: Engine, slots: int) -> Iterator[bool]:
+    """Hold one of ``slots`` delivery-round locks for the block; ``False`` when all are
+    held by other rounds. A session lock on a connection kept out of the pool meanwhile,
+    in autocommit (no transaction stays open for the round): a worker that dies mid-round
+    drops its connection and with it the lock."""
+    raw = engine.raw_connection()
+    clean = False  # lock let go and autocommit off again: the connection may be pooled
+    try:
+        driver = raw.driver_connection
+        assert isinstance(driver, psycopg.Connection)
+        driver.autocommit = True
+        held: int | None = None
+        for slot in range(max(1, slots)):
+            row = driver.execute(
+                "SELECT pg_try_advisory_lock(%s, %s)", (ROUND_LOCK_KEY, slot)
+            ).fetchone()
+            if row and row[0]:
+                held = slot
+                break
+        yield held is not None
+        if held is not None:
+            driver.execute("SELECT pg_advisory_unlock(%s, %s)", (ROUND_LOCK_KEY, held))
+        driver.autocommit = False
+        clean = True
+    finally:
+        if not clean:  # closing the session is what surely lets go of its lock
+            raw.invalidate()
+        raw.close()
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    sent: int  # messages attempted, 0 when it did not run
+    ran: bool  # False: every round slot was taken, another round delivers
+    more_due: bool  # after the round let go of its slot, something was due: kick again
+
+
+def deliver_in_turn(
+    engine: Engine, settings: Settings, send: Send, clock: Callable[[], datetime]
+) -> Round:
+    """A delivery round if a slot is free, then a look for what became due meanwhile.
+
+    The look comes after the slot is let go, so a message made while the round was ending
+    is either claimed by that round, or seen here (its kick found the slot taken and left),
+    or kicks a round that finds the slot free. A round that found no slot does not look:
+    the round holding it will."""
+    with round_slot(engine, settings.webhooks_delivery_rounds) as ran:
+        sent = deliver_due(engine, settings, send, clock) if ran else 0
+    if not ran:
+        return Round(0, ran=False, more_due=False)
+    with raw_transaction(engine) as conn:
+        more = has_due(conn, clock())
+    return Round(sent, ran=True, more_due=more)

@@ -29,9 +29,7 @@ from sqlalchemy.engine import Engine
 
 from metering.config import Settings
 from metering.db import raw_transaction
-from metering.errors import MeteringError
-from metering.keys import Principal, Scope
-from metering.runs import get_run_view, run_document
+from metering.runs import RunView, run_document, run_views
 from metering.webhooks.payload import message_body
 
 log = logging.getLogger("fairmeter.webhooks")
@@ -153,13 +151,15 @@ def _make_messages(conn: psycopg.Connection[Any], rows: Sequence[Any], now: date
     targets = conn.execute(TARGETS, (list(by_id),)).fetchall()
     if not targets:
         return 0
+    # Every run the batch's messages embed, read at once (not a few queries per run).
+    targeted = {int(t[0]) for t in targets}
+    runs = run_views(conn, [by_id[n][2] for n in targeted if by_id[n][2] is not None])
     bodies: dict[int, str] = {}
-    runs: dict[tuple[str, str], dict[str, Any] | None] = {}
     columns: list[list[Any]] = [[] for _ in range(8)]
     for notification_id, endpoint_id in targets:
         row = by_id[int(notification_id)]
         if notification_id not in bodies:
-            bodies[notification_id] = _body(conn, row, runs)
+            bodies[notification_id] = _body(row, runs)
         values = (
             "msg_" + secrets.token_hex(12),
             row[1],
@@ -175,31 +175,13 @@ def _make_messages(conn: psycopg.Connection[Any], rows: Sequence[Any], now: date
     return len(conn.execute(INSERT_MESSAGES, (now, *columns)).fetchall())
 
 
-def _body(
-    conn: psycopg.Connection[Any],
-    row: Sequence[Any],
-    runs: dict[tuple[str, str], dict[str, Any] | None],
-) -> str:
-    _, tenant_id, run_id, subject, type_, data, created_at = row
-    run = None
-    if run_id is not None:
-        if subject is None:
-            found = conn.execute("SELECT subject FROM runs WHERE id = %s", (run_id,)).fetchone()
-            subject = found[0] if found else None
-        if subject is not None:
-            key = (tenant_id, subject)
-            if key not in runs:
-                runs[key] = _run(conn, tenant_id, subject)
-            run = runs[key]
+def _body(row: Sequence[Any], runs: dict[int, RunView]) -> str:
+    """The message body: the event's own fields and its run as ``GET /v1/runs/{run}``
+    shows it (``None`` when the notification names no run, or one that is gone)."""
+    _, _, run_id, _, type_, data, created_at = row
+    view = runs.get(run_id) if run_id is not None else None
+    run = run_document(view) if view is not None else None
     return message_body(type_, created_at, data, run).decode()
-
-
-def _run(conn: psycopg.Connection[Any], tenant_id: str, subject: str) -> dict[str, Any] | None:
-    try:
-        view = get_run_view(conn, Principal(tenant_id, Scope.ADMIN, "webhooks"), subject)
-    except MeteringError:
-        return None
-    return run_document(view)
 
 
 def fan_out_pending(
