@@ -199,7 +199,9 @@ def throughput(settings: Settings, base: str, runs: list[tuple[int, str]]) -> di
         bodies = [r[0].encode() for r in conn.execute("SELECT payload FROM webhook_messages")]
     engine.dispose()
     httpx.delete(f"{base}/stats", timeout=60)
-    bare_s = asyncio.run(bare_loop(f"{base}/hook", bodies, settings.webhooks_delivery_threads))
+    # The bare loop gets what one endpoint gets: its share of the round's send slots.
+    in_flight = min(settings.webhooks_endpoint_concurrency, settings.webhooks_delivery_threads)
+    bare_s = asyncio.run(bare_loop(f"{base}/hook", bodies, in_flight))
     bare_got = stats(base)["posts"]
     return {
         "messages": len(runs),
@@ -210,7 +212,7 @@ def throughput(settings: Settings, base: str, runs: list[tuple[int, str]]) -> di
         "deliver_per_s": got / (done - fanned),
         "bare_per_s": bare_got / bare_s,
         "bare_posts": bare_got,
-        "concurrency": settings.webhooks_delivery_threads,
+        "concurrency": in_flight,
     }
 
 

@@ -243,7 +243,12 @@ class Settings(BaseSettings):
     webhooks_deliver_interval_s: float = 1.0
     webhooks_fanout_batch: int = 500
     webhooks_delivery_batch: int = 64
-    webhooks_delivery_threads: int = 8
+    # Sends at once in a delivery round, and at most this many to any one endpoint: a slow
+    # or hanging receiver holds its own share and no more, so it cannot hold up another
+    # tenant's webhooks. An endpoint holds at most four times its share of claimed messages
+    # (claimed ahead, waiting for a send slot) across rounds.
+    webhooks_delivery_threads: int = 16
+    webhooks_endpoint_concurrency: int = 8
     # A delivery task keeps claiming what became due (a run's next message once the one
     # before it is delivered) for this long before it leaves the rest to the next one.
     webhooks_round_s: float = 10.0

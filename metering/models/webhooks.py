@@ -83,6 +83,20 @@ class WebhookMessageRow(SQLModel, table=True):
             "notification_id",
             postgresql_where=sa.text("status = 'pending'"),
         ),
+        # Each endpoint's due messages in claim order (claims go endpoint by endpoint).
+        sa.Index(
+            "ix_webhook_messages_endpoint_due",
+            "endpoint_id",
+            "next_attempt_at",
+            "id",
+            postgresql_where=sa.text("status = 'pending'"),
+        ),
+        # The messages leased now, per endpoint (the claim's per-endpoint limit).
+        sa.Index(
+            "ix_webhook_messages_leased",
+            "endpoint_id",
+            postgresql_where=sa.text("status = 'pending' AND claimed_until IS NOT NULL"),
+        ),
         # The delivery log, newest first.
         sa.Index("ix_webhook_messages_endpoint_id_id", "endpoint_id", "id"),
         sa.Index("ix_webhook_messages_notification_id", "notification_id"),

@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
@@ -46,6 +47,8 @@ ROUND_LOCK_KEY = 0x3E6B_0017
 # While sends are in flight and none finishes, a round still claims what became due this
 # often (a slow receiver must not hold up the next message's first attempt for long).
 CLAIM_EVERY_S = 0.2
+# Messages one endpoint may hold claimed at once, per send slot it has.
+CLAIMS_PER_SLOT = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,10 +109,31 @@ CLAIMABLE = """
           WHERE p.endpoint_id = m.endpoint_id AND p.run_id = m.run_id
             AND p.status = 'pending' AND p.notification_id < m.notification_id))
 """
-CLAIM = f"""
-WITH picked AS (
-    SELECT m.id {CLAIMABLE}
-    ORDER BY m.next_attempt_at, m.id
+# Claims per endpoint, each endpoint at most ``per_endpoint`` messages leased at once (its
+# messages claimed and not yet recorded, by any round): a backlog at one endpoint cannot fill
+# a claim and starve the others.
+CLAIM = """
+WITH busy AS (
+    SELECT endpoint_id, count(*) AS held FROM webhook_messages
+    WHERE status = 'pending' AND claimed_until > %(now)s
+    GROUP BY endpoint_id
+), picked AS (
+    SELECT c.id, c.next_attempt_at
+    FROM webhook_endpoints e
+    LEFT JOIN busy b ON b.endpoint_id = e.id
+    CROSS JOIN LATERAL (
+        SELECT m.id, m.next_attempt_at FROM webhook_messages m
+        WHERE m.endpoint_id = e.id AND m.status = 'pending' AND m.next_attempt_at <= %(now)s
+          AND (m.claimed_until IS NULL OR m.claimed_until <= %(now)s)
+          AND (m.run_id IS NULL OR NOT EXISTS (
+              SELECT 1 FROM webhook_messages p
+              WHERE p.endpoint_id = m.endpoint_id AND p.run_id = m.run_id
+                AND p.status = 'pending' AND p.notification_id < m.notification_id))
+        ORDER BY m.next_attempt_at, m.id
+        LIMIT greatest(%(per_endpoint)s - coalesce(b.held, 0), 0)
+    ) c
+    WHERE e.enabled
+    ORDER BY c.next_attempt_at, c.id
     LIMIT %(limit)s
 )
 UPDATE webhook_messages m
@@ -122,14 +146,22 @@ RETURNING m.id, m.msg_id, m.attempts, m.tries, m.payload, e.id, e.url, e.secret_
 
 
 def claim(
-    conn: psycopg.Connection[Any], now: datetime, limit: int, lease: timedelta
+    conn: psycopg.Connection[Any],
+    now: datetime,
+    limit: int,
+    lease: timedelta,
+    per_endpoint: int = 1_000_000,
 ) -> list[Claimed]:
     """Lease up to ``limit`` due messages, each the head of its (endpoint, run) line, of
-    enabled endpoints, the longest due first."""
+    enabled endpoints, no endpoint above ``per_endpoint`` leased at once, the longest due
+    first."""
     if limit <= 0:
         return []
     conn.execute("SELECT pg_advisory_xact_lock(%s)", (CLAIM_LOCK_KEY,))
-    rows = conn.execute(CLAIM, {"now": now, "limit": limit, "until": now + lease}).fetchall()
+    rows = conn.execute(
+        CLAIM,
+        {"now": now, "limit": limit, "until": now + lease, "per_endpoint": per_endpoint},
+    ).fetchall()
     return [
         Claimed(r[0], r[1], r[2], r[3], r[4], r[5], r[6], EndpointSeeds(r[7], r[8], r[9]))
         for r in rows
@@ -344,27 +376,76 @@ class _Held:
             return list(self._pairs.items())
 
 
+class _SendSlots:
+    """Claimed messages waiting for a send, per endpoint, and the sends running: at most
+    ``per_endpoint`` at once to any endpoint, ``threads`` in all, endpoints taken in turn."""
+
+    def __init__(self, threads: int, per_endpoint: int) -> None:
+        self._threads = threads
+        self._per_endpoint = per_endpoint
+        self._waiting: dict[str, deque[Claimed]] = {}
+        self._sending: Counter[str] = Counter()
+        self.running: set[Future[tuple[Claimed, Attempt]]] = set()
+
+    @property
+    def held(self) -> int:
+        """Messages claimed and not yet finished (waiting or being sent)."""
+        return len(self.running) + sum(len(q) for q in self._waiting.values())
+
+    def add(self, messages: Sequence[Claimed]) -> None:
+        for message in messages:
+            self._waiting.setdefault(message.endpoint_id, deque()).append(message)
+
+    def start(
+        self, pool: ThreadPoolExecutor, one: Callable[[Claimed], tuple[Claimed, Attempt]]
+    ) -> None:
+        """Send what may be sent now, one message per endpoint per turn."""
+        while len(self.running) < self._threads:
+            ready = [
+                e
+                for e, queue in self._waiting.items()
+                if queue and self._sending[e] < self._per_endpoint
+            ]
+            if not ready:
+                return
+            for endpoint in ready:
+                if len(self.running) >= self._threads:
+                    return
+                message = self._waiting[endpoint].popleft()
+                self._sending[endpoint] += 1
+                self.running.add(pool.submit(one, message))
+
+    def finished(self, attempts: Sequence[tuple[Claimed, Attempt]]) -> None:
+        for message, _ in attempts:
+            self._sending[message.endpoint_id] -= 1
+
+
 def deliver_due(
     engine: Engine, settings: Settings, send: Send, clock: Callable[[], datetime]
 ) -> int:
-    """Claim and send due messages, ``webhooks_delivery_threads`` at a time, until nothing
-    is due or ``webhooks_round_s`` has passed; messages attempted.
+    """Claim and send due messages, ``webhooks_delivery_threads`` at a time and at most
+    ``webhooks_endpoint_concurrency`` to one endpoint, until nothing is due or
+    ``webhooks_round_s`` has passed; messages attempted.
 
     The sends run in the pool; claiming and recording stay in this thread, each a serial
     step done for many messages at once. Claims are made ahead, up to
-    ``webhooks_delivery_batch`` held at once, whenever fewer than
-    ``webhooks_delivery_threads`` are left (claiming one or two per finished send spent
-    more time claiming than sending); a message claimed ahead waits in the pool's queue
-    under the round's lease, renewed by its heartbeat. The attempts that finished together
-    are recorded in one transaction (the delivered ones by :func:`record_delivered`, the
-    others one by one by :func:`record`, which schedules their retries): a worker killed
-    before the commit sends them again under the same ``webhook-id``, which at-least-once
-    allows. A send that finishes may free its run's next message: the next claim takes it."""
+    ``webhooks_delivery_batch`` held at once (and four times its send share per endpoint),
+    whenever fewer than ``webhooks_delivery_threads`` are held (claiming one or two per
+    finished send spent more time claiming than sending); a message claimed ahead waits for
+    a send slot of its endpoint under the round's lease, renewed by its heartbeat. A hanging
+    receiver so holds its endpoint's slots and nothing else: other endpoints, other tenants,
+    go on. The attempts that finished together are recorded in one transaction (the
+    delivered ones by :func:`record_delivered`, the others one by one by :func:`record`,
+    which schedules their retries): a worker killed before the commit sends them again
+    under the same ``webhook-id``, which at-least-once allows. A send that finishes may free
+    its run's next message: the next claim takes it."""
     lease = timedelta(seconds=settings.webhooks_lease_s)
     threads = max(1, settings.webhooks_delivery_threads)
+    per_endpoint = max(1, min(settings.webhooks_endpoint_concurrency, threads))
     ahead = max(threads, settings.webhooks_delivery_batch)
     deadline = time.monotonic() + settings.webhooks_round_s
     held = _Held()
+    slots = _SendSlots(threads, per_endpoint)
 
     def renew_held(until: datetime) -> None:
         with raw_transaction(engine) as conn:
@@ -374,20 +455,25 @@ def deliver_due(
         return message, attempt(message, settings, send, clock)
 
     sent = 0
-    running: set[Future[tuple[Claimed, Attempt]]] = set()
     heartbeat = Heartbeat(renew_held, lease, clock, name="webhooks", written_at=time.monotonic())
     with heartbeat, ThreadPoolExecutor(threads, thread_name_prefix="webhook") as pool:
         while True:
-            if len(running) < threads and time.monotonic() < deadline:
+            if slots.held < threads and time.monotonic() < deadline:
                 with raw_transaction(engine) as conn:
-                    claimed = claim(conn, clock(), ahead - len(running), lease)
+                    claimed = claim(
+                        conn, clock(), ahead - slots.held, lease, per_endpoint * CLAIMS_PER_SLOT
+                    )
                 held.add(claimed)
                 sent += len(claimed)
-                running |= {pool.submit(one, m) for m in claimed}
-            if not running:
+                slots.add(claimed)
+            slots.start(pool, one)
+            if not slots.running:
                 return sent
-            finished, running = wait(running, timeout=CLAIM_EVERY_S, return_when=FIRST_COMPLETED)
+            finished, slots.running = wait(
+                slots.running, timeout=CLAIM_EVERY_S, return_when=FIRST_COMPLETED
+            )
             attempts = [future.result() for future in finished]
+            slots.finished(attempts)
             if attempts:
                 with raw_transaction(engine) as conn:
                     record_delivered(conn, [a for a in attempts if a[1].delivered])
