@@ -31,7 +31,8 @@ FORMATS = ("json", "csv")
 class FiguresReply(msgspec.Struct):
     """Integer micro-USD. ``gross = billed + credited + held``; ``credited`` is the sum of
     ``credited_by_rule`` (R1–R5, ``support``, and ``other``: credited lines no rule names
-    any more). Margins: before protection ``gross − provider_cost``, after it
+    any more); ``credited_provider_cost_by_rule`` splits the provider cost of the credited
+    usage the same way. Margins: before protection ``gross − provider_cost``, after it
     ``billed − provider_cost``."""
 
     runs: int
@@ -42,6 +43,7 @@ class FiguresReply(msgspec.Struct):
     credited_by_rule: dict[str, int]
     provider_cost_micros: int
     credited_provider_cost_micros: int
+    credited_provider_cost_by_rule: dict[str, int]
     margin_before_micros: int
     margin_after_micros: int
     uncosted_lines: int

@@ -52,11 +52,12 @@ def _figures(figures: Figures) -> list[str]:
         f"  held for review           {_usd(figures.held_micros)}",
         f"  credited                  {_usd(figures.credited_micros)}",
     ]
-    by_rule = figures.by_rule()
+    by_rule, cost_by_rule = figures.by_rule(), figures.cost_by_rule()
     for kind in CREDIT_KINDS:
         if by_rule[kind]:
             label = f"{kind} {RULE_NAMES[kind]}" if kind.startswith("R") else RULE_NAMES[kind]
-            lines.append(f"    {label:<24}{_usd(by_rule[kind])}")
+            cost = _usd(cost_by_rule[kind])
+            lines.append(f"    {label:<24}{_usd(by_rule[kind])}, provider cost {cost}")
     lines += [
         f"  provider cost, all usage  {_usd(figures.cost_micros)}",
         f"  provider cost, credited   {_usd(figures.credited_cost_micros)}",

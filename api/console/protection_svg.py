@@ -2,7 +2,8 @@
 
 One row per credit kind (R1–R5, support; "other" only when there is some), bars scaled to
 the largest. Each row is a ``<g data-rule=…>`` with a ``<title>`` tooltip giving the exact
-micro-USD, and its amount written as a person reads it (never rounded to zero).
+micro-USD credited and their provider cost, and its amount written as a person reads it
+(never rounded to zero).
 """
 
 from __future__ import annotations
@@ -40,13 +41,16 @@ def credited_by_rule_svg(figures: Figures) -> Markup:
         f'role="img" aria-labelledby="credited-chart-title">'
         '<title id="credited-chart-title">Credited by rule</title>'
     ]
+    costs = figures.cost_by_rule()
     for i, (kind, micros) in enumerate(rows):
         y = 4 + i * ROW_H
         width = 0.0 if micros == 0 else max(2.0, micros / largest * BAR_MAX)
         amount = f"{usd_text(micros)} USD"
+        cost = f"provider cost {usd_text(costs[kind])} USD ({costs[kind]:,} micro-USD)"
         parts.append(
             f'<g class="rule-row" data-rule="{escape(kind)}" data-micros="{micros}">'
-            f"<title>{escape(_label(kind))}: {escape(amount)} ({micros:,} micro-USD)</title>"
+            f"<title>{escape(_label(kind))}: {escape(amount)} ({micros:,} micro-USD) credited, "
+            f"{escape(cost)}</title>"
             f'<text class="rule-label" x="{LABEL_W}" y="{y + 18}" text-anchor="end">'
             f"{escape(_label(kind))}</text>"
             f'<rect class="bar {escape(kind.lower())}" x="{BAR_X}" y="{y + 5}" '

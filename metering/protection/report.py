@@ -3,7 +3,8 @@
 Every amount is integer micro-USD. A run counts in the period of its decision in force.
 A held run's amounts are provisional, so its whole gross is ``held`` and none of it billed
 or credited: for every run, and so for every customer and the total,
-``gross = billed + credited + held`` and ``credited = Σ credited_by_rule``.
+``gross = billed + credited + held``, ``credited = Σ credited_by_rule`` and the provider cost
+of the credited usage is ``Σ credited_cost_by_rule``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,15 @@ RULE_NAMES = {
     UNATTRIBUTED: "other credits",
 }
 TOP_CUSTOMERS = 10
+NOTHING_BY_KIND = tuple((kind, 0) for kind in CREDIT_KINDS)
+BY_KIND = ("credited_by_rule", "credited_cost_by_rule")
+
+
+def _add_by_kind(
+    mine: tuple[tuple[str, int], ...], theirs: tuple[tuple[str, int], ...]
+) -> tuple[tuple[str, int], ...]:
+    other = dict(theirs)
+    return tuple((kind, amount + other[kind]) for kind, amount in mine)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,9 +81,10 @@ class Figures:
     billed_micros: int = 0
     credited_micros: int = 0
     held_micros: int = 0
-    credited_by_rule: tuple[tuple[str, int], ...] = tuple((k, 0) for k in CREDIT_KINDS)
+    credited_by_rule: tuple[tuple[str, int], ...] = NOTHING_BY_KIND
     cost_micros: int = 0  # provider cost of all usage
-    credited_cost_micros: int = 0  # provider cost of the credited usage ("restored cost")
+    # provider cost of the usage each kind credited (what each rule cost the platform)
+    credited_cost_by_rule: tuple[tuple[str, int], ...] = NOTHING_BY_KIND
     uncosted_lines: int = 0
     uncosted_gross_micros: int = 0
 
@@ -87,18 +98,26 @@ class Figures:
         """What it earned: billed − provider cost (held runs earn nothing until decided)."""
         return self.billed_micros - self.cost_micros
 
+    @property
+    def credited_cost_micros(self) -> int:
+        """Provider cost of the credited usage: what protection cost ("restored cost")."""
+        return sum(amount for _, amount in self.credited_cost_by_rule)
+
     def by_rule(self) -> dict[str, int]:
         return dict(self.credited_by_rule)
+
+    def cost_by_rule(self) -> dict[str, int]:
+        return dict(self.credited_cost_by_rule)
 
     def __add__(self, other: Figures) -> Figures:
         totals: dict[str, Any] = {
             f.name: getattr(self, f.name) + getattr(other, f.name)
             for f in fields(self)
-            if f.name != "credited_by_rule"
+            if f.name not in BY_KIND
         }
-        theirs = other.by_rule()
-        rules = tuple((k, v + theirs[k]) for k, v in self.credited_by_rule)
-        return Figures(**totals, credited_by_rule=rules)
+        for name in BY_KIND:
+            totals[name] = _add_by_kind(getattr(self, name), getattr(other, name))
+        return Figures(**totals)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,20 +175,23 @@ def run_figures(run: SettledRun) -> Figures:
     if run.billed_micros + run.credited_micros != run.gross_micros:
         raise ValueError(f"run {run.run_id}: billed + credited is not gross")
     by_rule = dict.fromkeys(CREDIT_KINDS, 0)
-    credited_lines = [line for line in run.lines if line.line_id in run.credited_by_line]
-    for line in credited_lines:
-        by_rule[run.credited_by_line[line.line_id]] += line.gross_micros
-    policy_credited = sum(by_rule.values())
-    support = run.credited_micros - policy_credited
+    cost_by_rule = dict.fromkeys(CREDIT_KINDS, 0)
+    for line in run.lines:
+        kind = run.credited_by_line.get(line.line_id)
+        if kind is not None:
+            by_rule[kind] += line.gross_micros
+            cost_by_rule[kind] += line.cost_micros or 0
+    support = run.credited_micros - sum(by_rule.values())
     if support < 0:
         raise ValueError(f"run {run.run_id}: its credited lines exceed what it credits")
     by_rule[SUPPORT] = support
+    cost_by_rule[SUPPORT] = _support_cost(run, support)
     return Figures(
         **common,
         billed_micros=run.billed_micros,
         credited_micros=run.credited_micros,
         credited_by_rule=tuple(by_rule.items()),
-        credited_cost_micros=_cost(credited_lines) + _support_cost(run, support),
+        credited_cost_by_rule=tuple(cost_by_rule.items()),
     )
 
 

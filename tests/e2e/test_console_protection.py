@@ -52,6 +52,8 @@ def test_an_admin_reads_the_months_cost_of_protection_and_downloads_it(
         r1 = page.locator('#credited-chart g[data-rule="R1"] .rule-amount').text_content()
         assert r1 == f"{display_usd(G)} USD" != "0.00 USD"
         assert page.locator('#credited-chart g[data-rule="R4"] rect').bounding_box()["width"] > 0
+        tip = page.locator('#credited-chart g[data-rule="R4"] > title').text_content() or ""
+        assert f"({4 * G:,} micro-USD) credited" in tip and f"({4 * C:,} micro-USD)" in tip
         rows = page.locator("#customers-table tbody tr")
         assert [r.get_attribute("data-customer") for r in rows.all()] == ["cust-1", "cust-2"]
         assert page.locator("#top-table tbody tr").first.get_attribute("data-customer") == "cust-1"

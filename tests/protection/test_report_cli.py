@@ -31,9 +31,10 @@ def test_summary_names_each_rule_that_credited_and_the_top_customers(engine, set
     assert result.exit_code == 0, result.output
     assert f"Cost of protection — tenant acme, {PERIOD}" in result.output
     # One R1 line (875 micros), four R4 lines, two R5 lines: sub-dollar amounts in full.
-    assert "    R1 duplicate tool calls 0.000875 USD\n" in result.output
-    assert "    R4 refunded failures    0.0035 USD\n" in result.output
-    assert "    R5 partial deliveries   0.00175 USD\n" in result.output
+    r1 = "    R1 duplicate tool calls 0.000875 USD, provider cost 0.000525 USD\n"
+    assert r1 in result.output
+    assert "    R4 refunded failures    0.0035 USD, provider cost 0.0021 USD\n" in result.output
+    assert "    R5 partial deliveries   0.00175 USD, provider cost 0.00105 USD\n" in result.output
     assert "  margin after protection   -0.002975 USD\n" in result.output
     assert "support credits" not in result.output
     assert "Top customers by restored provider cost\n  cust-1" in result.output

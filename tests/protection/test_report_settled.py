@@ -39,6 +39,8 @@ def test_report_splits_credits_by_rule_and_prices_the_credited_lines_at_provider
     assert one.margin_after_micros == 3 * G - 9 * C
     credits = {k: v for k, v in two.by_rule().items() if v}
     assert credits == {"R1": G, "R4": 2 * G, "support": 2 * G}
+    costs = {k: v for k, v in two.cost_by_rule().items() if v}
+    assert costs == {"R1": C, "R4": 2 * C, "support": 2 * C}
     assert (two.credited_micros, two.billed_micros, two.credited_cost_micros) == (5 * G, 0, 5 * C)
     assert report.total.credited_micros == sum(report.total.by_rule().values()) == 9 * G
     assert [c.customer_id for c in report.top_by_restored_cost] == ["cust-2", "cust-1"]

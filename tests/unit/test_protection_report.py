@@ -64,12 +64,14 @@ def test_the_parts_add_up_for_every_customer_and_the_total(runs, top):
             figures.held_micros
         )
         assert 0 <= figures.credited_cost_micros <= figures.cost_micros
+        assert figures.credited_cost_micros == sum(figures.cost_by_rule().values())
         assert figures.margin_before_micros - figures.margin_after_micros == (
             figures.credited_micros + figures.held_micros
         )
     assert report.total == sum((c.figures for c in report.customers), Figures())
     assert report.total.runs == len(runs)
     assert [kind for kind, _ in report.total.credited_by_rule] == list(CREDIT_KINDS)
+    assert [kind for kind, _ in report.total.credited_cost_by_rule] == list(CREDIT_KINDS)
     restored = [c.figures.credited_cost_micros for c in report.top_by_restored_cost]
     assert restored == sorted(restored, reverse=True) and len(restored) <= top
     assert all(amount > 0 for amount in restored)
@@ -95,6 +97,7 @@ def test_support_cost_is_its_share_of_the_billed_lines_cost_rounded_half_even():
     assert figures.by_rule()["R2"] == 400 and figures.by_rule()[SUPPORT] == 100
     # 100 of line 2's 400 billed: a quarter of its 301 cost, 75.25 → 75.
     assert figures.credited_cost_micros == 100 + 75
+    assert (figures.cost_by_rule()["R2"], figures.cost_by_rule()[SUPPORT]) == (100, 75)
 
 
 def test_lines_without_a_cost_are_counted_and_cost_nothing():
