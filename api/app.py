@@ -16,6 +16,7 @@ from api.openapi_docs import COMPONENTS, StrictStructSchemaPlugin
 from api.ops import healthz, metrics, readyz
 from api.paths import FairmeterApp, decode_path_params
 from api.problems import EXCEPTION_HANDLERS
+from api.protection import get_protection_report
 from api.ratelimit import rate_limit_middleware
 from api.runs import get_run, settle_run_now
 from api.schema_docs import OfflineRedocPlugin, schema_assets_router
@@ -61,6 +62,7 @@ def create_app(
             get_run,
             settle_run_now,
             get_statement,
+            get_protection_report,
             create_statement_link,
             open_statement_link,
             *STREAM_HANDLERS,

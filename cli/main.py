@@ -15,7 +15,8 @@ import click
 
 from cli.billing import stripe
 from cli.keys import keys
-from cli.operations import db, prices, serve, settle
+from cli.operations import costs, db, prices, serve, settle
+from cli.report import report
 from cli.statement import statement
 from cli.support import support
 from cli.webhooks import webhooks
@@ -55,7 +56,19 @@ def main() -> None:
     """Fairmeter: usage metering and billing protection for AI-agent runs."""
 
 
-for command in (keys, prices, db, serve, settle, statement, support, stripe, webhooks):
+for command in (
+    keys,
+    prices,
+    costs,
+    db,
+    serve,
+    settle,
+    statement,
+    support,
+    stripe,
+    webhooks,
+    report,
+):
     main.add_command(command)
 
 

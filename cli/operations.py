@@ -1,14 +1,19 @@
-"""Running a deployment: the price catalog, the schema, the API server, a settlement sweep."""
+"""Running a deployment: the price and provider-cost catalogs, the schema, the API server,
+a settlement sweep."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from metering.config import WeakPepperError, load_cli_settings, require_strong_pepper
 from metering.db import create_db_engine, raw_transaction
+
+if TYPE_CHECKING:
+    from metering.prices import CatalogKind
 
 
 @click.group()
@@ -22,13 +27,35 @@ def prices() -> None:
 )
 def prices_load(file: Path | None) -> None:
     """Load a catalog CSV (model,token_class,micros_per_mtok,effective_from); default: sample."""
+    from metering.prices import PRICES
+
+    _load_catalog(file, PRICES)
+
+
+@click.group()
+def costs() -> None:
+    """Manage the provider-cost catalog (what each model costs the platform)."""
+
+
+@costs.command("load")
+@click.argument(
+    "file", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=False
+)
+def costs_load(file: Path | None) -> None:
+    """Load a provider-cost CSV, same shape as prices; default: the shipped sample."""
+    from metering.prices import PROVIDER_COSTS
+
+    _load_catalog(file, PROVIDER_COSTS)
+
+
+def _load_catalog(file: Path | None, kind: CatalogKind) -> None:
     from metering.prices import insert_prices, read_catalog_file
 
-    rows = read_catalog_file(file)
+    rows = read_catalog_file(file, kind)
     engine = create_db_engine(load_cli_settings())
     with raw_transaction(engine) as conn:
-        added = insert_prices(conn, rows)
-    click.echo(f"{added} price(s) added, {len(rows) - added} already present")
+        added = insert_prices(conn, rows, kind)
+    click.echo(f"{added} {kind.noun}(s) added, {len(rows) - added} already present")
 
 
 @click.group()

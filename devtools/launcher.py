@@ -73,12 +73,14 @@ class DemoKey:
 
 
 def prepare_database(settings: Settings, *, demo: bool) -> tuple[int, list[DemoKey]]:
-    """Migrate, load the sample catalog, create demo keys; returns (prices added, keys)."""
+    """Migrate, load the sample price and provider-cost catalogs, create demo keys; returns
+    (prices added, keys). The costs make the console's cost of protection page read true
+    margins from the first run."""
     from metering.db import create_db_engine, raw_transaction
     from metering.keys import Scope
     from metering.keys_repo import create_key
     from metering.migrate import upgrade
-    from metering.prices import insert_prices, read_catalog_file
+    from metering.prices import PROVIDER_COSTS, insert_prices, read_catalog_file
 
     upgrade(settings.database_url)
     engine = create_db_engine(settings)
@@ -87,6 +89,7 @@ def prepare_database(settings: Settings, *, demo: bool) -> tuple[int, list[DemoK
     try:
         with raw_transaction(engine) as conn:
             added = insert_prices(conn, read_catalog_file())
+            insert_prices(conn, read_catalog_file(None, PROVIDER_COSTS), PROVIDER_COSTS)
             for scope in scopes:
                 customer = DEMO_CUSTOMER if scope is Scope.CUSTOMER else None
                 _, raw = create_key(

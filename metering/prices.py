@@ -1,4 +1,7 @@
-"""The price catalog's storage: load a catalog file, read the table, cache it per process.
+"""The catalogs' storage: load a catalog file, read the table, cache it per process.
+
+Two catalogs share this code: the prices customers are billed and the provider costs the
+platform pays (for the cost of protection report).
 
 The catalog changes rarely and is read on every usage event, so each process keeps an
 immutable :class:`~metering.pricing.PriceCatalog` and reloads it after a short TTL, or at once
@@ -11,61 +14,116 @@ import csv
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from metering.errors import FieldError, validation_error
 from metering.pricing import Price, PriceCatalog, TokenClass
 from metering.timestamps import parse_rfc3339
 
-SAMPLE_CATALOG = "sample_prices.csv"
+
+@dataclass(frozen=True, slots=True)
+class CatalogKind:
+    """One effective-dated catalog of micro-USD per million tokens: what customers pay
+    (``PRICES``) or what the provider charges the platform (``PROVIDER_COSTS``).
+
+    Both share one file shape, one parser and one lookup (:class:`PriceCatalog`); only the
+    table, the shipped sample and the words in errors differ.
+    """
+
+    table: str
+    sample: str
+    noun: str
 
 
-def read_catalog_file(path: Path | None = None) -> list[Price]:
+PRICES = CatalogKind(table="prices", sample="sample_prices.csv", noun="price")
+PROVIDER_COSTS = CatalogKind(
+    table="provider_costs", sample="sample_provider_costs.csv", noun="provider cost"
+)
+SAMPLE_CATALOG = PRICES.sample
+COLUMNS = ("model", "token_class", "micros_per_mtok", "effective_from")
+
+
+def _parse_row(
+    row: dict[str, str | None], where: str, kind: CatalogKind
+) -> Price | list[FieldError]:
+    """One CSV row as a Price, or every bad field in it (path ``line N.field``)."""
+    code = f"invalid_{kind.noun.replace(' ', '_')}"
+    errors = [
+        FieldError(f"{where}.{name}", code, "missing") for name in COLUMNS if not row.get(name)
+    ]
+    if errors:
+        return errors
+    model, token_class = str(row["model"]), str(row["token_class"])
+    if token_class not in {c.value for c in TokenClass}:
+        known = ", ".join(TokenClass)
+        errors.append(FieldError(f"{where}.token_class", code, f"must be one of {known}"))
+    micros = str(row["micros_per_mtok"]).strip()
+    if not micros.isdigit():
+        errors.append(FieldError(f"{where}.micros_per_mtok", code, "must be a whole number ≥ 0"))
+    moment = parse_rfc3339(str(row["effective_from"]))
+    if moment is None:
+        errors.append(FieldError(f"{where}.effective_from", code, "must be an RFC 3339 time"))
+    if errors or moment is None:
+        return errors
+    return Price(model, TokenClass(token_class), int(micros), moment)
+
+
+def read_catalog_file(path: Path | None = None, kind: CatalogKind = PRICES) -> list[Price]:
     """Parse a catalog CSV (``model,token_class,micros_per_mtok,effective_from``).
 
-    Every bad row is reported with its line number; nothing is loaded from a bad file.
+    Every bad row is reported with its line number and field; nothing is loaded from a bad
+    file. No file: the shipped sample of that catalog.
     """
     if path is None:
-        text = resources.files("metering.data").joinpath(SAMPLE_CATALOG).read_text()
+        text = resources.files("metering.data").joinpath(kind.sample).read_text()
     else:
         text = path.read_text()
-    prices, errors = [], []
+    prices: list[Price] = []
+    errors: list[FieldError] = []
     for line_no, row in enumerate(csv.DictReader(text.splitlines()), start=2):
-        try:
-            moment = parse_rfc3339(row["effective_from"])
-            micros = int(row["micros_per_mtok"])
-            if moment is None or micros < 0:
-                raise ValueError("bad time or negative price")
-            prices.append(Price(row["model"], TokenClass(row["token_class"]), micros, moment))
-        except (KeyError, ValueError, TypeError) as exc:
-            errors.append(FieldError(f"line {line_no}", "invalid_price", str(exc)))
+        parsed = _parse_row(row, f"line {line_no}", kind)
+        if isinstance(parsed, Price):
+            prices.append(parsed)
+        else:
+            errors.extend(parsed)
     if errors:
-        raise validation_error(errors, "the price catalog file has invalid rows")
+        raise validation_error(errors, f"the {kind.noun} catalog file has invalid rows")
     return prices
 
 
-def insert_prices(conn: psycopg.Connection[Any], prices: Iterable[Price]) -> int:
-    """Add prices; a row already present (same model, class, start) is left as it is."""
+def insert_prices(
+    conn: psycopg.Connection[Any], prices: Iterable[Price], kind: CatalogKind = PRICES
+) -> int:
+    """Add entries; a row already present (same model, class, start) is left as it is."""
     added = 0
     with conn.cursor() as cur:
         for price in prices:
             cur.execute(
-                "INSERT INTO prices (model, token_class, micros_per_mtok, effective_from) "
-                "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                sql.SQL(
+                    "INSERT INTO {} (model, token_class, micros_per_mtok, effective_from) "
+                    "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING"
+                ).format(sql.Identifier(kind.table)),
                 (price.model, price.token_class.value, price.micros_per_mtok, price.effective_from),
             )
             added += cur.rowcount
     return added
 
 
-def load_catalog(conn: psycopg.Connection[Any]) -> PriceCatalog:
+def load_catalog(conn: psycopg.Connection[Any], kind: CatalogKind = PRICES) -> PriceCatalog:
+    """The whole catalog as an immutable, time-indexed lookup."""
     with conn.cursor() as cur:
-        cur.execute("SELECT model, token_class, micros_per_mtok, effective_from FROM prices")
+        cur.execute(
+            sql.SQL("SELECT model, token_class, micros_per_mtok, effective_from FROM {}").format(
+                sql.Identifier(kind.table)
+            )
+        )
         rows: list[tuple[str, str, int, datetime]] = cur.fetchall()
     return PriceCatalog.from_prices(Price(m, TokenClass(c), p, t) for m, c, p, t in rows)
 

@@ -16,9 +16,9 @@ from metering.db import create_db_engine, raw_transaction
 from metering.keys import Scope
 from metering.keys_repo import create_key
 from metering.migrate import upgrade
-from metering.prices import insert_prices
+from metering.prices import PROVIDER_COSTS, insert_prices
 from tests.helpers import ROOT
-from tests.helpers.catalog import stable_prices
+from tests.helpers.catalog import stable_costs, stable_prices
 from tests.helpers.database import DATA_TABLES, TEST_PEPPER
 from tests.helpers.processes import free_port, service_env, wait_http
 from tests.helpers.services import (
@@ -40,6 +40,7 @@ def database_url() -> Iterator[str]:
     upgrade(url)
     with psycopg.connect(url) as conn:
         insert_prices(conn, stable_prices())
+        insert_prices(conn, stable_costs(), PROVIDER_COSTS)
     yield url
     drop_database(server, TEST_DATABASE)
 

@@ -13,7 +13,7 @@ from metering.models.billing import (
     StripeOutboxRow,
     StripeWebhookRow,
 )
-from metering.models.catalog import PriceRow
+from metering.models.catalog import PriceRow, ProviderCostRow
 from metering.models.events import EventRow, RunRow, UsageLineRow
 from metering.models.ledger import LedgerEntryRow
 from metering.models.notifications import NotificationRow
@@ -39,6 +39,7 @@ __all__ = [
     "LedgerEntryRow",
     "NotificationRow",
     "PriceRow",
+    "ProviderCostRow",
     "RunRow",
     "StatementClosingRow",
     "StatementLineRow",

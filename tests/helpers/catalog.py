@@ -13,9 +13,16 @@ from pathlib import Path
 from metering.pricing import Price
 
 TEST_CATALOG = Path(__file__).with_name("prices.csv")
+TEST_COSTS = Path(__file__).with_name("provider_costs.csv")  # 60 % of each price
 
 
 def stable_prices() -> list[Price]:
     from metering.prices import read_catalog_file
 
     return read_catalog_file(TEST_CATALOG)
+
+
+def stable_costs() -> list[Price]:
+    from metering.prices import PROVIDER_COSTS, read_catalog_file
+
+    return read_catalog_file(TEST_COSTS, PROVIDER_COSTS)
