@@ -4,7 +4,7 @@ Same shape as ``prices`` (model, token class, micro-USD per million tokens, effe
 from), a table of its own. Read only by the cost of protection report.
 
 Revision ID: 0020
-Revises: 0015
+Revises: 0018
 Create Date: 2026-12-02 01:30:00.000000
 
 """
@@ -17,7 +17,7 @@ import sqlmodel  # noqa: F401  (autogenerate renders sqlmodel.AutoString)
 
 # revision identifiers, used by Alembic.
 revision: str = '0020'
-down_revision: Union[str, Sequence[str], None] = '0015'
+down_revision: Union[str, Sequence[str], None] = '0018'
 branch_labels: Union[str, Sequence[str], None] = None
 depends_on: Union[str, Sequence[str], None] = None
 
