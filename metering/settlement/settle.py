@@ -19,6 +19,7 @@ from metering.config import Settings
 from metering.ledger.postings import Position
 from metering.ledger.repo import EntryRecord, RunAccount, entries_moving, insert_entries
 from metering.periods import period_of, statement_period
+from metering.policies.defaults import settings_policy
 from metering.policy import (
     HELD_FOR_REVIEW,
     PARTIALLY_CREDITED,
@@ -46,11 +47,8 @@ class SettleReport:
 
 
 def policy_config(settings: Settings) -> PolicyConfig:
-    return PolicyConfig(
-        cap_fraction_ppm=settings.cap_fraction_ppm,
-        cap_floor_micros=settings.cap_floor_micros,
-        cap_runs=settings.cap_runs,
-    )
+    """What ``decide`` reads of the settings' policy (version 0 of every tenant's)."""
+    return settings_policy(settings).config()
 
 
 def _needs_decision(
