@@ -251,13 +251,14 @@ class DecisionRecord:
     position_billed_micros: int
     position_credited_micros: int
     auto_credited_micros: int
+    policy_version: int = 0  # the tenant's policy version that made it (0: the settings)
 
 
 DECISION_COLUMNS = (
     "run_id, version, tenant_id, customer_id, origin, outcome, status, gross_micros, "
     "billed_micros, credited_micros, credited_line_ids, rule_ids, evidence_event_ids, "
     "explanation, evidence_version, period, ended_at, statement_period, started_at, models, "
-    "input_tokens, cached_input_tokens, output_tokens"
+    "input_tokens, cached_input_tokens, output_tokens, policy_version"
 )
 
 
@@ -307,6 +308,7 @@ def insert_decisions(conn: psycopg.Connection[Any], records: Sequence[DecisionRe
                     d.usage.input_tokens,
                     d.usage.cached_input_tokens,
                     d.usage.output_tokens,
+                    d.policy_version,
                 )
             )
 

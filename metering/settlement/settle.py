@@ -20,6 +20,7 @@ from metering.ledger.postings import Position
 from metering.ledger.repo import EntryRecord, RunAccount, entries_moving, insert_entries
 from metering.periods import period_of, statement_period
 from metering.policies.defaults import settings_policy
+from metering.policies.versions import PolicyVersion, load_book
 from metering.policy import (
     HELD_FOR_REVIEW,
     PARTIALLY_CREDITED,
@@ -49,6 +50,13 @@ class SettleReport:
 def policy_config(settings: Settings) -> PolicyConfig:
     """What ``decide`` reads of the settings' policy (version 0 of every tenant's)."""
     return settings_policy(settings).config()
+
+
+def _config(cache: dict[tuple[str, int], PolicyConfig], policy: PolicyVersion) -> PolicyConfig:
+    key = (policy.tenant_id, policy.version)
+    if key not in cache:
+        cache[key] = policy.document.config()
+    return cache[key]
 
 
 def _needs_decision(
@@ -98,7 +106,8 @@ def settle_runs(
     totals = repo.load_period_totals(conn, due, periods)
     previous = repo.latest_decisions(conn, due)
     grants = repo.load_support_grants(conn, due)
-    config = policy_config(settings)
+    book = load_book(conn, {r.tenant_id for r in due}, settings_policy(settings))
+    configs: dict[tuple[str, int], PolicyConfig] = {}
     entries: list[EntryRecord] = []
     unchanged: list[repo.LockedRun] = []
     for run in sorted(due, key=lambda r: (ended[r.run_id], r.run_id)):
@@ -113,7 +122,9 @@ def settle_runs(
                 auto_refunded_runs=period_totals.auto_refunded_runs,
             ),
         )
-        policy_decision = decide(facts, config)
+        # The tenant's version in force at the run's end decides it, re-opened runs too.
+        policy = book.in_force(run.tenant_id, ended[run.run_id])
+        policy_decision = decide(facts, _config(configs, policy))
         if policy_decision.gross_micros != run.gross_micros:
             raise AssertionError(f"run {run.run_id}: usage lines disagree with the run's gross")
         automatic = policy_decision.outcome in (PARTIALLY_CREDITED, REFUNDED)
@@ -141,6 +152,7 @@ def settle_runs(
             usage=evidence.summaries.get(run.run_id, repo.UsageSummary()),
             auto_credit=auto_credit,
             origin=origin,
+            policy_version=policy.version,
         )
         report.records.append(record)
         report.decided[run.run_id] = record.version
@@ -224,6 +236,7 @@ def _record(
     usage: repo.UsageSummary,
     auto_credit: int,
     origin: str,
+    policy_version: int,
 ) -> repo.DecisionRecord:
     # A held run is not billed: its ledger position goes (or stays) at nothing posted.
     held = decision.outcome == HELD_FOR_REVIEW
@@ -251,6 +264,7 @@ def _record(
         position_billed_micros=0 if held else decision.billed_micros,
         position_credited_micros=0 if held else decision.credited_micros,
         auto_credited_micros=auto_credit,
+        policy_version=policy_version,
     )
 
 
