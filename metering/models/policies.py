@@ -37,3 +37,5 @@ class PolicyVersionRow(SQLModel, table=True):
     )
     created_at: datetime | None = timestamp_field(default_now=True)
     created_by: str = Field(max_length=128)
+    # Why the version was made, in the operator's words (shown beside it in lists and diffs).
+    note: str = Field(sa_column=sa.Column(sa.Text, nullable=False, server_default=""))

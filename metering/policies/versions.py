@@ -32,23 +32,31 @@ class PolicyVersion:
     effective_from: datetime | None  # None for version 0: in force since always
     created_at: datetime | None
     created_by: str | None
+    note: str = ""
 
 
 def default_version(tenant_id: str, defaults: PolicyDocument) -> PolicyVersion:
-    return PolicyVersion(tenant_id, DEFAULT_VERSION, defaults, None, None, None)
+    return PolicyVersion(
+        tenant_id, DEFAULT_VERSION, defaults, None, None, None, "the deployment's settings"
+    )
 
 
-_SELECT = (
-    "SELECT tenant_id, version, document, effective_from, created_at, created_by "
-    "FROM policy_versions"
-)
+_COLUMNS = "tenant_id, version, document, effective_from, created_at, created_by, note"
+_SELECT = f"SELECT {_COLUMNS} FROM policy_versions"
+MAX_NOTE_CHARS = 2_000
 
 
 def _version(row: tuple[Any, ...]) -> PolicyVersion:
     # Stored documents were validated when written; read back as they were stored.
     return PolicyVersion(
-        row[0], row[1], PolicyDocument.model_validate(row[2]), row[3], row[4], row[5]
+        row[0], row[1], PolicyDocument.model_validate(row[2]), row[3], row[4], row[5], row[6]
     )
+
+
+def in_force_at(versions: list[PolicyVersion], moment: datetime) -> int:
+    """The number of the version in force at ``moment`` among a tenant's ``list_versions``."""
+    started = (v for v in versions if v.effective_from is None or v.effective_from <= moment)
+    return max((v.version for v in started), default=DEFAULT_VERSION)
 
 
 def list_versions(
@@ -102,6 +110,7 @@ def create_version(
     now: datetime,
     defaults: PolicyDocument,
     effective_from: datetime | None = None,
+    note: str = "",
 ) -> PolicyVersion:
     """Write the tenant's next policy version, in force from ``effective_from`` (now).
 
@@ -109,6 +118,10 @@ def create_version(
     what it changes. 422 naming each bad field (``$.document.rules.R7.under_micros``), or
     ``$.effective_from`` when it is in the past or before the latest version's.
     """
+    if len(note) > MAX_NOTE_CHARS or "\x00" in note:
+        raise _problem(
+            [FieldError("$.note", "invalid_note", f"at most {MAX_NOTE_CHARS} characters")]
+        )
     # One writer per tenant at a time, so two versions never take the same number.
     conn.execute("SELECT pg_advisory_xact_lock(hashtext('policy_versions:' || %s))", (tenant_id,))
     latest = list_versions(conn, tenant_id, defaults)[-1]
@@ -131,10 +144,10 @@ def create_version(
             ]
         )
     row = conn.execute(
-        "INSERT INTO policy_versions (tenant_id, version, document, effective_from, created_by) "
-        "VALUES (%s, %s, %s, %s, %s) "
-        "RETURNING tenant_id, version, document, effective_from, created_at, created_by",
-        (tenant_id, latest.version + 1, Jsonb(document.as_json()), start, created_by),
+        "INSERT INTO policy_versions "
+        "(tenant_id, version, document, effective_from, created_by, note) "
+        f"VALUES (%s, %s, %s, %s, %s, %s) RETURNING {_COLUMNS}",
+        (tenant_id, latest.version + 1, Jsonb(document.as_json()), start, created_by, note),
     ).fetchone()
     assert row is not None
     return _version(row)

@@ -35,6 +35,7 @@ def upgrade() -> None:
     sa.Column('effective_from', sa.DateTime(timezone=True), nullable=False),
     sa.Column('created_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
     sa.Column('created_by', sqlmodel.sql.sqltypes.AutoString(length=128), nullable=False),
+    sa.Column('note', sa.Text(), server_default='', nullable=False),
     sa.CheckConstraint('version >= 1', name=op.f('ck_policy_versions_version_positive')),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_policy_versions')),
     sa.UniqueConstraint('tenant_id', 'version', name=op.f('uq_policy_versions_tenant_id_version'))
