@@ -16,6 +16,7 @@ import click
 from cli.billing import stripe
 from cli.keys import keys
 from cli.operations import db, prices, serve, settle
+from cli.policy import policy
 from cli.statement import statement
 from cli.support import support
 from cli.webhooks import webhooks
@@ -55,7 +56,7 @@ def main() -> None:
     """Fairmeter: usage metering and billing protection for AI-agent runs."""
 
 
-for command in (keys, prices, db, serve, settle, statement, support, stripe, webhooks):
+for command in (keys, prices, db, serve, settle, statement, support, stripe, webhooks, policy):
     main.add_command(command)
 
 
