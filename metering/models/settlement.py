@@ -69,3 +69,10 @@ class DecisionRow(SQLModel, table=True):
     policy_version: int = Field(
         default=0, sa_column=sa.Column(sa.Integer, nullable=False, server_default="0")
     )
+    # The R8 inputs the policy was given (``CustomerPeriod``), so a replay can give the same;
+    # NULL for decisions made before they were kept.
+    period_gross_micros: int | None = Field(default=None, sa_column=sa.Column(sa.BigInteger))
+    period_auto_credited_micros: int | None = Field(
+        default=None, sa_column=sa.Column(sa.BigInteger)
+    )
+    period_auto_refunded_runs: int | None = Field(default=None, sa_column=sa.Column(sa.BigInteger))

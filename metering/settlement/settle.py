@@ -153,6 +153,7 @@ def settle_runs(
             auto_credit=auto_credit,
             origin=origin,
             policy_version=policy.version,
+            period_inputs=facts.period,
         )
         report.records.append(record)
         report.decided[run.run_id] = record.version
@@ -237,6 +238,7 @@ def _record(
     auto_credit: int,
     origin: str,
     policy_version: int,
+    period_inputs: CustomerPeriod,
 ) -> repo.DecisionRecord:
     # A held run is not billed: its ledger position goes (or stays) at nothing posted.
     held = decision.outcome == HELD_FOR_REVIEW
@@ -265,6 +267,7 @@ def _record(
         position_credited_micros=0 if held else decision.credited_micros,
         auto_credited_micros=auto_credit,
         policy_version=policy_version,
+        period_inputs=period_inputs,
     )
 
 
