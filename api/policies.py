@@ -12,7 +12,16 @@ from litestar.datastructures import State
 from litestar.params import FromPath, Parameter
 
 from api.openapi_docs import AUTHENTICATED, keys, problems
-from api.policy_wire import PolicyChange, PolicyCreate, PolicyDiffReply, PolicyReply, policy_reply
+from api.policy_wire import (
+    PolicyChange,
+    PolicyCreate,
+    PolicyDiffReply,
+    PolicyReply,
+    WhatIfReply,
+    WhatIfRequest,
+    policy_reply,
+    whatif_reply,
+)
 from api.services import Services
 from api.webhooks import _options
 from metering.db import raw_transaction
@@ -20,6 +29,7 @@ from metering.errors import FieldError, not_found, validation_error
 from metering.keys import Principal, Scope
 from metering.policies import versions
 from metering.policies.defaults import settings_policy
+from metering.settlement.replay import what_if
 
 T = TypeVar("T")
 ADMIN = keys(Scope.ADMIN)
@@ -161,10 +171,33 @@ async def get_policy(
     return await _as_admin(request, state, work)
 
 
+@post(
+    "/v1/policy/what-if",
+    status_code=200,
+    tags=["policies"],
+    summary="Replay a period's settled runs under a candidate policy; writes nothing",
+    security=ADMIN,
+    responses=problems(*AUTHENTICATED, 413, 422),
+)
+async def policy_what_if(
+    request: Request[Any, Any, Any], data: WhatIfRequest, state: State
+) -> WhatIfReply:
+    def work(services: Services, principal: Principal) -> WhatIfReply:
+        defaults = settings_policy(services.settings)
+        with raw_transaction(services.engine) as conn:
+            report = what_if(
+                conn, principal.tenant_id, data.period, data.document, defaults, _now()
+            )
+        return whatif_reply(report)
+
+    return await _as_admin(request, state, work)
+
+
 POLICY_HANDLERS = [
     _options("/v1/policies"),
     create_policy,
     list_policies,
     diff_policies,
     get_policy,
+    policy_what_if,
 ]

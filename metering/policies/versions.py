@@ -125,12 +125,7 @@ def create_version(
     # One writer per tenant at a time, so two versions never take the same number.
     conn.execute("SELECT pg_advisory_xact_lock(hashtext('policy_versions:' || %s))", (tenant_id,))
     latest = list_versions(conn, tenant_id, defaults)[-1]
-    try:
-        document = parse_policy(raw, defaults=latest.document)
-    except PolicyProblem as problem:
-        raise _problem(
-            [FieldError(_json_path(path), "invalid_policy", msg) for path, msg in problem.problems]
-        ) from None
+    document = parse_over(raw, latest.document)
     start = effective_from or now
     floor = max(now, latest.effective_from or now)
     if start < floor:
@@ -151,6 +146,17 @@ def create_version(
     ).fetchone()
     assert row is not None
     return _version(row)
+
+
+def parse_over(raw: object, base: PolicyDocument) -> PolicyDocument:
+    """``raw`` over ``base`` (fields left out keep its values); 422 naming each bad field
+    as ``$.document.<path>``."""
+    try:
+        return parse_policy(raw, defaults=base)
+    except PolicyProblem as problem:
+        raise _problem(
+            [FieldError(_json_path(path), "invalid_policy", msg) for path, msg in problem.problems]
+        ) from None
 
 
 def _json_path(path: str) -> str:

@@ -24,13 +24,14 @@ from typing import Any
 
 import psycopg
 
-from metering.policies.versions import list_versions
+from metering.policies.versions import list_versions, parse_over
 from metering.policy import HELD_FOR_REVIEW, REFUNDED, CustomerPeriod, Decision, RunFacts, decide
 from metering.policy.document import PolicyDocument
 from metering.policy.ending import ending_of_events
 from metering.policy.facts import PolicyConfig
 from metering.policy.support import SupportGrant, apply_support, covered_credit_micros
 from metering.settlement.repo import load_evidence
+from metering.statements.query import parse_period
 
 BATCH = 500
 EXAMPLES = 5
@@ -190,6 +191,22 @@ def _auto(decision: Decision) -> tuple[int, int]:
     automatic = decision.outcome in (REFUNDED, "partially_credited")
     credit = decision.credited_micros if automatic else 0
     return credit, int(decision.outcome == REFUNDED and credit > 0)
+
+
+def what_if(
+    conn: psycopg.Connection[Any],
+    tenant: str,
+    period: str,
+    raw: object,
+    defaults: PolicyDocument,
+    now: datetime,
+) -> WhatIf:
+    """The what-if of ``raw`` (fields left out keep the latest version's values) over the
+    tenant's runs settled in ``period`` (YYYY-MM or "current"); 422 for a bad period or
+    document."""
+    month = parse_period(period, now)
+    latest = list_versions(conn, tenant, defaults)[-1]
+    return replay_period(conn, tenant, month, parse_over(raw, latest.document), defaults)
 
 
 def replay_period(

@@ -133,3 +133,43 @@ def test_only_admin_keys_reach_policies(client, make_key):
         key = make_key(tenant=tenant, scope=scope)
         assert client.get("/v1/policies", headers=auth(key)).status_code == 403
         assert create(client, key, document={}).status_code == 403
+
+
+def test_what_if_prices_a_candidate_and_writes_nothing(client, make_key, engine, settings, db):
+    from metering.settlement.runner import settle_due_now
+    from tests.helpers.ingest import ingest
+    from tests.helpers.scenarios import scenario
+
+    tenant = f"pol-{uuid.uuid4().hex[:12]}"
+    start = datetime.now(UTC) - timedelta(minutes=30)
+    events = scenario("server-drop", "drop", "cust-1", start)
+    events += scenario("completed", "ok", "cust-2", start)
+    ingest(engine, settings, events, tenant=tenant)
+    settle_due_now(engine, settings, now=datetime.now(UTC))
+    key = make_key(tenant=tenant, scope="admin")
+    before = db.execute("SELECT count(*) FROM decisions").fetchone()
+    reply = client.post(
+        "/v1/policy/what-if",
+        content=json.dumps({"period": "current", "document": {"rules": {"R4": False}}}),
+        headers=auth(key, **JSON),
+    )
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert (body["runs"], body["reproduced"], body["not_reproduced_examples"]) == (2, 2, [])
+    assert body["candidate"]["rules"]["R4"] is False
+    assert body["changes"] == [
+        {"old_outcome": "refunded", "new_outcome": "confirmed", "runs": 1, "example_runs": ["drop"]}
+    ]
+    total = body["total"]
+    assert total["candidate"]["credited_micros"] == 0 < total["current"]["credited_micros"]
+    assert [c["customer"] for c in body["customers"]] == ["cust-1", "cust-2"]
+    assert db.execute("SELECT count(*) FROM decisions").fetchone() == before
+    for bad, path in (
+        ({"period": "2026-13"}, "$.period"),
+        ({"period": "current", "document": {"cap_runs": -1}}, "$.document.cap_runs"),
+    ):
+        refused = client.post(
+            "/v1/policy/what-if", content=json.dumps(bad), headers=auth(key, **JSON)
+        )
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["errors"][0]["path"] == path

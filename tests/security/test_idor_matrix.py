@@ -125,6 +125,7 @@ def bodies(data: TenantData) -> dict[str, tuple[str, bytes]]:
         "RedeliverSince": as_json({"since": "2020-01-01T00:00:00Z"}),
         # A version that changes nothing: the probing tenant's settlement stays as it was.
         "PolicyCreate": as_json({"document": {}, "note": "probe"}),
+        "WhatIfRequest": as_json({"period": "current", "document": {"rules": {"R4": False}}}),
         "POST /v1/events": ("application/cloudevents+json", json.dumps(event).encode()),
     }
 
