@@ -20,6 +20,7 @@ from metering.errors import MeteringError
 from metering.policies import versions
 from metering.policies.defaults import settings_policy
 from metering.policies.versions import PolicyVersion
+from metering.settlement.replay import what_if
 
 
 def _header(version: PolicyVersion, current: int) -> str:
@@ -149,3 +150,56 @@ def diff(tenant: str, old: int | None, new: int | None) -> None:
     click.echo(f"version {old} → {new}: {len(changes)} change(s)", err=True)
     for path, before, after in changes:
         click.echo(f"{path}\t{json.dumps(before)}\t{json.dumps(after)}")
+
+
+# USD amounts: as the decisions in force have them, then under the candidate.
+WHAT_IF_COLUMNS = (
+    "billed",
+    "billed (candidate)",
+    "credited",
+    "credited (candidate)",
+    "held",
+    "held (candidate)",
+)
+
+
+def _usd(micros: int) -> str:
+    return f"{micros / 1_000_000:,.2f}"
+
+
+@policy.command("what-if")
+@click.option("--tenant", required=True)
+@click.option("--period", required=True, help="YYYY-MM or 'current'.")
+@click.option("--policy", "file", help="A candidate JSON policy document ('-': stdin).")
+@click.option("--set", "assignments", multiple=True, help="FIELD=VALUE over the latest version.")
+def what_if_command(
+    tenant: str, period: str, file: str | None, assignments: tuple[str, ...]
+) -> None:
+    """Replay the period's settled runs under a candidate policy; writes nothing."""
+    document = _document(file, assignments)
+    settings = load_cli_settings()
+    try:
+        with raw_transaction(create_db_engine(settings)) as conn:
+            report = what_if(
+                conn, tenant, period, document, settings_policy(settings), datetime.now(UTC)
+            )
+    except MeteringError as error:
+        raise _fail(error) from None
+    click.echo(f"{report.runs} run(s) of {report.period}; {report.reproduced} reproduced")
+    click.echo(
+        "customer\tbilled now\tbilled then\tcredited now\tcredited then\theld now\theld then"
+    )
+    rows = [*sorted(report.customers.items()), ("TOTAL", report.total)]
+    for customer, side in rows:
+        current, candidate = side.current, side.candidate
+        figures = (
+            current.billed_micros,
+            candidate.billed_micros,
+            current.credited_micros,
+            candidate.credited_micros,
+            current.held_micros,
+            candidate.held_micros,
+        )
+        click.echo("\t".join([customer, *map(_usd, figures)]))
+    for (old, new), change in sorted(report.changes.items()):
+        click.echo(f"{old} → {new}: {change.runs} run(s), e.g. {', '.join(change.examples)}")

@@ -147,10 +147,11 @@ def test_what_if_prices_a_candidate_and_writes_nothing(client, make_key, engine,
     ingest(engine, settings, events, tenant=tenant)
     settle_due_now(engine, settings, now=datetime.now(UTC))
     key = make_key(tenant=tenant, scope="admin")
+    period = f"{start + timedelta(minutes=4):%Y-%m}"  # the runs' end's month
     before = db.execute("SELECT count(*) FROM decisions").fetchone()
     reply = client.post(
         "/v1/policy/what-if",
-        content=json.dumps({"period": "current", "document": {"rules": {"R4": False}}}),
+        content=json.dumps({"period": period, "document": {"rules": {"R4": False}}}),
         headers=auth(key, **JSON),
     )
     assert reply.status_code == 200, reply.text

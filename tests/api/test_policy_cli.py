@@ -6,14 +6,23 @@ import json
 import subprocess
 import sys
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from metering.settlement.runner import settle_due_now
 from tests.helpers import ROOT
+from tests.helpers.ingest import ingest
 from tests.helpers.processes import service_env
+from tests.helpers.scenarios import scenario
+
+AN_HOUR_AGO = datetime.now(UTC) - timedelta(hours=1)
 
 
-def test_the_cli_sets_shows_and_diffs_policy_versions(settings, db, tmp_path: Path):
+def test_the_cli_sets_shows_and_diffs_policy_versions(engine, settings, db, tmp_path: Path):
     tenant = f"pol-{uuid.uuid4().hex[:12]}"
+    # A run settled under version 0 (R4 refunds it), for the what-if at the end.
+    ingest(engine, settings, scenario("server-drop", "drop", "cust-1", AN_HOUR_AGO), tenant=tenant)
+    settle_due_now(engine, settings, now=datetime.now(UTC))
 
     def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -62,5 +71,13 @@ def test_the_cli_sets_shows_and_diffs_policy_versions(settings, db, tmp_path: Pa
         ["version 1", "not in force"],
         ["version 2", "in force"],
     ]
+    period = f"{AN_HOUR_AGO + timedelta(minutes=4):%Y-%m}"  # the run's end's month
+    whatif = cli("what-if", "--tenant", tenant, "--period", period, "--set", "cap_runs=1")
+    assert whatif.returncode == 0, whatif.stderr
+    assert (
+        whatif.stdout.splitlines()[0]
+        == "0 run(s) of " + whatif.stdout.split()[3] + "; 0 reproduced"
+    )
+    assert "TOTAL\t0.00" in whatif.stdout
     missing = cli("diff", "--tenant", tenant, "--to", "9")
     assert missing.returncode != 0 and "policy_version_not_found" in missing.stderr
