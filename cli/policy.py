@@ -152,19 +152,15 @@ def diff(tenant: str, old: int | None, new: int | None) -> None:
         click.echo(f"{path}\t{json.dumps(before)}\t{json.dumps(after)}")
 
 
-# USD amounts: as the decisions in force have them, then under the candidate.
+# Micro-USD, exact: as the decisions in force have them, then under the candidate.
 WHAT_IF_COLUMNS = (
-    "billed",
-    "billed (candidate)",
-    "credited",
-    "credited (candidate)",
-    "held",
-    "held (candidate)",
+    "billed_micros",
+    "candidate_billed_micros",
+    "credited_micros",
+    "candidate_credited_micros",
+    "held_micros",
+    "candidate_held_micros",
 )
-
-
-def _usd(micros: int) -> str:
-    return f"{micros / 1_000_000:,.2f}"
 
 
 @policy.command("what-if")
@@ -200,6 +196,6 @@ def what_if_command(
             current.held_micros,
             candidate.held_micros,
         )
-        click.echo("\t".join([customer, *map(_usd, figures)]))
+        click.echo("\t".join([customer, *map(str, figures)]))
     for (old, new), change in sorted(report.changes.items()):
         click.echo(f"{old} → {new}: {change.runs} run(s), e.g. {', '.join(change.examples)}")

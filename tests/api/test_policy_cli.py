@@ -74,10 +74,13 @@ def test_the_cli_sets_shows_and_diffs_policy_versions(engine, settings, db, tmp_
     period = f"{AN_HOUR_AGO + timedelta(minutes=4):%Y-%m}"  # the run's end's month
     whatif = cli("what-if", "--tenant", tenant, "--period", period, "--set", "cap_runs=1")
     assert whatif.returncode == 0, whatif.stderr
-    assert (
-        whatif.stdout.splitlines()[0]
-        == "0 run(s) of " + whatif.stdout.split()[3] + "; 0 reproduced"
-    )
-    assert "TOTAL\t0.00" in whatif.stdout
+    # The latest version (R4 off) under the candidate: the refunded run would be billed.
+    lines = whatif.stdout.splitlines()
+    assert lines[0] == f"1 run(s) of {period}; 1 reproduced"
+    total = [int(figure) for figure in lines[-2].split("\t")[1:]]
+    gross = total[2]  # all credited in force, all billed under the candidate, none held
+    assert lines[-2].startswith("TOTAL\t") and gross > 0
+    assert total == [0, gross, gross, 0, 0, 0]
+    assert lines[-1] == "refunded → confirmed: 1 run(s), e.g. drop"
     missing = cli("diff", "--tenant", tenant, "--to", "9")
     assert missing.returncode != 0 and "policy_version_not_found" in missing.stderr
