@@ -9,7 +9,7 @@ from __future__ import annotations
 from litestar import Router
 from litestar.exceptions import HTTPException
 
-from api.console import actions, pages, webhooks
+from api.console import actions, pages, policies, webhooks
 from api.console.web import (
     CsrfRejected,
     NotSignedIn,
@@ -39,6 +39,7 @@ console_router = Router(
         webhooks.endpoint_page,
         webhooks.redeliver_message,
         webhooks.redeliver_since,
+        policies.policies_page,
     ],
     exception_handlers={
         NotSignedIn: not_signed_in_handler,

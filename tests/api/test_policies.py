@@ -174,3 +174,28 @@ def test_what_if_prices_a_candidate_and_writes_nothing(client, make_key, engine,
         )
         assert refused.status_code == 422, refused.text
         assert refused.json()["errors"][0]["path"] == path
+
+
+def test_the_console_shows_an_admin_the_versions_and_what_each_changed(client, make_key):
+    from tests.security.test_console_sessions import sign_in, visit
+
+    tenant = f"pol-{uuid.uuid4().hex[:12]}"
+    admin_key = make_key(tenant=tenant, scope="admin")
+    create(client, admin_key, document={"rules": {"R4": False}}, note="no refunds <b>pilot</b>")
+    later = (datetime.now(UTC) + timedelta(days=3)).isoformat()
+    create(client, admin_key, document={"cap_runs": 3}, effective_from=later)
+    page = visit(client, sign_in(client, admin_key), "/console/policies")
+    assert page.status_code == 200, page.text
+    text = page.text
+    assert 'id="nav-policies"' in text
+    assert "no refunds &lt;b&gt;pilot&lt;/b&gt;" in text  # escaped, as every operator text
+    assert 'data-state="in force"' in text and 'data-state="scheduled"' in text
+    assert 'data-state="superseded"' in text  # version 0
+    assert "rules.R4</span>: true → false" in text
+    assert "In force: version 1" in text
+    support = make_key(tenant=tenant, scope="support")
+    support_page = visit(client, sign_in(client, support), "/console/policies")
+    assert support_page.status_code == 403
+    assert "no refunds" not in support_page.text
+    other = make_key(tenant=f"pol-{uuid.uuid4().hex[:12]}", scope="admin")
+    assert "no refunds" not in visit(client, sign_in(client, other), "/console/policies").text
