@@ -15,6 +15,7 @@ from api.metrics import latency_middleware
 from api.openapi_docs import COMPONENTS, StrictStructSchemaPlugin
 from api.ops import healthz, metrics, readyz
 from api.paths import FairmeterApp, decode_path_params
+from api.policies import POLICY_HANDLERS
 from api.problems import EXCEPTION_HANDLERS
 from api.protection import get_protection_report
 from api.ratelimit import rate_limit_middleware
@@ -73,6 +74,7 @@ def create_app(
             metrics,
             *SUPPORT_HANDLERS,
             *WEBHOOK_HANDLERS,
+            *POLICY_HANDLERS,
             console_router,
             schema_assets_router(),
         ],

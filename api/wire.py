@@ -33,6 +33,7 @@ class DecisionReply(msgspec.Struct):
     explanation: str
     period: str
     decided_at: datetime
+    policy_version: int  # the tenant's policy version that made it (0: the settings)
 
 
 class RunReply(msgspec.Struct):
@@ -49,6 +50,7 @@ class RunReply(msgspec.Struct):
     tentative_micros: int  # usage no decision has seen yet (late usage once re-opened)
     rule_ids: list[str]
     explanation: str | None
+    policy_version: int | None  # of the decision in force (docs/policies.md)
     decisions: list[DecisionReply]
     event_count: int
     event_counts: dict[str, int]

@@ -16,6 +16,7 @@ import click
 from cli.billing import stripe
 from cli.keys import keys
 from cli.operations import costs, db, prices, serve, settle
+from cli.policy import policy
 from cli.report import report
 from cli.statement import statement
 from cli.support import support
@@ -68,6 +69,7 @@ for command in (
     stripe,
     webhooks,
     report,
+    policy,
 ):
     main.add_command(command)
 

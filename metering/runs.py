@@ -32,6 +32,7 @@ class DecisionView:
     explanation: str
     period: str
     decided_at: datetime
+    policy_version: int = 0  # the tenant's policy version that made it (0: the settings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +60,7 @@ class RunView:
     settled: bool
     reopened: bool
     parked: bool
+    policy_version: int | None = None  # of the decision in force; None until decided
 
 
 RUN_ROW = """
@@ -72,7 +74,7 @@ RUN_EVENTS = "SELECT event_id, type, time, data FROM events WHERE run_id = %s OR
 
 RUN_DECISIONS = """
 SELECT version, origin, outcome, status, gross_micros, billed_micros, credited_micros,
-       rule_ids, evidence_event_ids, explanation, period, decided_at
+       rule_ids, evidence_event_ids, explanation, period, decided_at, policy_version
 FROM decisions WHERE run_id = %s ORDER BY version
 """
 
@@ -198,6 +200,7 @@ def _view(
         settled=decision_version > 0 and not reopened,
         reopened=reopened,
         parked=parked_at is not None,
+        policy_version=in_force.policy_version if in_force else None,
     )
 
 
@@ -251,6 +254,7 @@ def run_document(view: RunView) -> dict[str, Any]:
         "tentative_micros": view.tentative_micros,
         "rule_ids": list(view.rule_ids),
         "explanation": view.explanation,
+        "policy_version": view.policy_version,
         "decisions": [_decision_document(d) for d in view.decisions],
         "event_count": view.event_count,
         "event_counts": dict(view.event_counts),
@@ -278,6 +282,7 @@ def _decision_document(d: DecisionView) -> dict[str, Any]:
         "explanation": d.explanation,
         "period": d.period,
         "decided_at": d.decided_at,
+        "policy_version": d.policy_version,
     }
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from litestar import Router
 from litestar.exceptions import HTTPException
 
-from api.console import actions, pages, protection, webhooks
+from api.console import actions, pages, policies, protection, webhooks
 from api.console.web import (
     CsrfRejected,
     NotSignedIn,
@@ -41,6 +41,7 @@ console_router = Router(
         webhooks.redeliver_since,
         protection.protection_page,
         protection.protection_csv,
+        policies.policies_page,
     ],
     exception_handlers={
         NotSignedIn: not_signed_in_handler,

@@ -17,6 +17,7 @@ from metering.models.catalog import PriceRow, ProviderCostRow
 from metering.models.events import EventRow, RunRow, UsageLineRow
 from metering.models.ledger import LedgerEntryRow
 from metering.models.notifications import NotificationRow
+from metering.models.policies import PolicyVersionRow
 from metering.models.settlement import DecisionRow
 from metering.models.statements import StatementClosingRow, StatementLineRow
 from metering.models.support import AuditRow, DisputeRow, SupportCreditRow
@@ -38,6 +39,7 @@ __all__ = [
     "EventRow",
     "LedgerEntryRow",
     "NotificationRow",
+    "PolicyVersionRow",
     "PriceRow",
     "ProviderCostRow",
     "RunRow",

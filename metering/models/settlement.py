@@ -64,3 +64,15 @@ class DecisionRow(SQLModel, table=True):
     output_tokens: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
     ended_at: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))
     decided_at: datetime | None = timestamp_field(default_now=True)
+    # The tenant's policy version that made this decision (0: the settings' default policy,
+    # and every decision made before policies were versioned).
+    policy_version: int = Field(
+        default=0, sa_column=sa.Column(sa.Integer, nullable=False, server_default="0")
+    )
+    # The R8 inputs the policy was given (``CustomerPeriod``), so a replay can give the same;
+    # NULL for decisions made before they were kept.
+    period_gross_micros: int | None = Field(default=None, sa_column=sa.Column(sa.BigInteger))
+    period_auto_credited_micros: int | None = Field(
+        default=None, sa_column=sa.Column(sa.BigInteger)
+    )
+    period_auto_refunded_runs: int | None = Field(default=None, sa_column=sa.Column(sa.BigInteger))

@@ -7,6 +7,7 @@ from metering.policy.duplicates import RuleHit, line_rules
 from metering.policy.ending import Ending, EndingRuling, Verdict, rule_on_ending
 from metering.policy.explain import Amounts, explain, explain_parts
 from metering.policy.facts import (
+    BUILT_IN_POLICY,
     CONFIRMED,
     HELD_FOR_REVIEW,
     PARTIALLY_CREDITED,
@@ -26,7 +27,7 @@ from metering.policy.status import (
 )
 from metering.policy.timeline import Timeline, build_timeline
 
-DEFAULT_CONFIG = PolicyConfig()
+DEFAULT_CONFIG = BUILT_IN_POLICY
 
 
 def outcome_for(billed_micros: int, credited_micros: int) -> str:
@@ -116,7 +117,8 @@ def decide(facts: RunFacts, config: PolicyConfig = DEFAULT_CONFIG) -> Decision:
     credited in any outcome; R4/R5 (failed or abandoned with a verified interruption in
     force at the end) name more; the decision credits their union and bills the rest.
     R7 (unverified failure or abandonment) and R8 (protection cap) hold the run for review
-    instead; a held decision's amounts are provisional (see ``Decision``). A run with no
+    instead; a held decision's amounts are provisional (see ``Decision``). ``config`` is
+    the tenant's policy in force: its switches turn rules off (see ``PolicyConfig``). A run with no
     usage is confirmed with nothing billed. ``evidence_event_ids`` are the events the fired
     rules rest on, plus the terminal event when there is one.
 
@@ -124,15 +126,15 @@ def decide(facts: RunFacts, config: PolicyConfig = DEFAULT_CONFIG) -> Decision:
     ``abandoned``, or a negative usage amount.
     """
     timeline = build_timeline(facts)
-    ruling = rule_on_ending(timeline)
+    ruling = rule_on_ending(timeline, config)
     if timeline.gross_micros == 0:
         return _no_usage(timeline, ruling)
-    hits = line_rules(timeline)
+    hits = line_rules(timeline, config)
     gross = timeline.gross_micros
     credited_ids = ruling.line_ids.union(*(hit.line_ids for hit in hits))
     credited = _sum(timeline, credited_ids)
     breach = None
-    if ruling.verdict is not Verdict.HOLD:
+    if ruling.verdict is not Verdict.HOLD and config.r8:
         breach = cap_breach(
             facts.period, config, credit_micros=credited, full_refund=credited == gross
         )

@@ -6,7 +6,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
 
-from metering.policy.facts import EventFact, UsageLine
+from metering.policy.facts import BUILT_IN_POLICY, EventFact, PolicyConfig, UsageLine
 from metering.policy.timeline import Timeline, event_key, is_verified_interruption
 
 
@@ -132,10 +132,13 @@ def duplicate_tool_calls(timeline: Timeline, already: frozenset[int]) -> RuleHit
     return RuleHit("R1", frozenset(line_ids), frozenset(evidence))
 
 
-def line_rules(timeline: Timeline) -> tuple[RuleHit, ...]:
-    """The R1–R3 hits, in rule order (only rules that named at least one line)."""
-    r2 = replayed_context(timeline)
-    r3 = lost_work(timeline)
+def line_rules(timeline: Timeline, config: PolicyConfig = BUILT_IN_POLICY) -> tuple[RuleHit, ...]:
+    """The R1–R3 hits, in rule order (only rules that are on and named at least one line).
+
+    A switched-off R2 or R3 credits nothing, so for R1 those lines are paid for.
+    """
+    r2 = replayed_context(timeline) if config.r2 else None
+    r3 = lost_work(timeline) if config.r3 else None
     already = frozenset().union(*(hit.line_ids for hit in (r2, r3) if hit is not None))
-    r1 = duplicate_tool_calls(timeline, already)
+    r1 = duplicate_tool_calls(timeline, already) if config.r1 else None
     return tuple(hit for hit in (r1, r2, r3) if hit is not None)

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from metering.policy.facts import EventFact
+from metering.policy.facts import BUILT_IN_POLICY, EventFact, PolicyConfig
 from metering.policy.timeline import Timeline, ending_event, event_key, is_client_evidence
 
 
@@ -18,8 +18,8 @@ class Ending(StrEnum):
 
 
 class Verdict(StrEnum):
-    BILL = "bill"  # R0, R6, or a failure whose cause is not protected (tool)
-    REFUND = "refund"  # R4
+    BILL = "bill"  # R0, R6, a failure whose cause is not protected (tool), or R4/R5 off
+    REFUND = "refund"  # R4, or R7 auto-refunding a small run when the policy says so
     PARTIAL = "partial"  # R5
     HOLD = "hold"  # R7
 
@@ -34,6 +34,9 @@ class EndingRuling:
     interruption: EventFact | None = None  # R4/R5: the earliest verified interruption
     delivery: EventFact | None = None  # R5: the delivery reaching furthest
     client_evidence: EventFact | None = None  # R7: the latest client-side claim
+    # R4/R5 switched off: the interruption the policy chose not to protect (words only).
+    unprotected: EventFact | None = None
+    auto_refund_under_micros: int | None = None  # R7 refunding instead of holding
 
 
 def ending_of(timeline: Timeline) -> Ending:
@@ -59,9 +62,21 @@ def _ids(*events: EventFact | None) -> frozenset[str]:
     return frozenset(e.event_id for e in events if e is not None)
 
 
-def _protected(timeline: Timeline, ending: Ending, in_force: tuple[EventFact, ...]) -> EndingRuling:
+def _protected(
+    timeline: Timeline, ending: Ending, in_force: tuple[EventFact, ...], config: PolicyConfig
+) -> EndingRuling:
     evidence = _ids(timeline.terminal, *in_force)
     delivery = timeline.last_delivery()
+    if not (config.r5 if delivery is not None else config.r4):
+        # The rule is off: billed as R0, citing only the terminal event, not the drop.
+        return EndingRuling(
+            ending,
+            Verdict.BILL,
+            frozenset({"R0"}),
+            frozenset(),
+            _ids(timeline.terminal),
+            unprotected=in_force[0],
+        )
     if delivery is None:
         all_lines = frozenset(line.line_id for line in timeline.lines)
         return EndingRuling(
@@ -87,7 +102,7 @@ def _rules(rule_id: str, timeline: Timeline) -> frozenset[str]:
     return frozenset({rule_id, "R6"} if cancelled else {rule_id})
 
 
-def rule_on_ending(timeline: Timeline) -> EndingRuling:
+def rule_on_ending(timeline: Timeline, config: PolicyConfig = BUILT_IN_POLICY) -> EndingRuling:
     """Apply R0, R4, R5, R6 and R7 to the way the run ended.
 
     R4/R5 need a verified interruption the run ended in (``interruptions_in_force``): a
@@ -107,7 +122,7 @@ def rule_on_ending(timeline: Timeline) -> EndingRuling:
         )
     in_force = timeline.interruptions_in_force()
     if in_force:
-        return _protected(timeline, ending, in_force)
+        return _protected(timeline, ending, in_force, config)
     terminal = timeline.terminal
     if terminal is not None and terminal.data.get("cause") == "tool":
         return EndingRuling(ending, Verdict.BILL, frozenset({"R0"}), no_lines, _ids(terminal))
@@ -116,6 +131,17 @@ def rule_on_ending(timeline: Timeline) -> EndingRuling:
         e for e in timeline.events if is_client_evidence(e) and (end is None or e.time <= end)
     ]
     claim = max(claims, key=event_key, default=None)
+    under = config.r7_auto_refund_under_micros
+    if under is not None and timeline.gross_micros < under:
+        return EndingRuling(
+            ending,
+            Verdict.REFUND,
+            frozenset({"R7"}),
+            frozenset(line.line_id for line in timeline.lines),
+            _ids(terminal, *claims),
+            client_evidence=claim,
+            auto_refund_under_micros=under,
+        )
     return EndingRuling(
         ending,
         Verdict.HOLD,

@@ -73,10 +73,19 @@ def _unverified(timeline: Timeline, ruling: EndingRuling) -> str:
     return f"{first}, and our systems saw no interruption."
 
 
+def _unprotected(interruption: EventFact) -> str:
+    return (
+        f"{_capitalised(describe_interruption(interruption))}; "
+        "this platform's policy does not credit interrupted runs."
+    )
+
+
 def _opening(timeline: Timeline, ruling: EndingRuling) -> str:
     terminal = timeline.terminal
-    if ruling.verdict is Verdict.HOLD:
+    if ruling.verdict is Verdict.HOLD or ruling.auto_refund_under_micros is not None:
         return _unverified(timeline, ruling)
+    if ruling.unprotected is not None:
+        return _unprotected(ruling.unprotected)
     if ruling.interruption is not None:
         what = _capitalised(describe_interruption(ruling.interruption))
         if ruling.delivery is None:
@@ -165,6 +174,13 @@ def explain_parts(
     instead of contradicting it."""
     opening = _opening(timeline, ruling)
     refunded = ruling.verdict is Verdict.REFUND and breach is None
+    if refunded and ruling.auto_refund_under_micros is not None:
+        return (
+            f"{opening} This platform refunds such runs under "
+            f"{usd(ruling.auto_refund_under_micros)} without review; "
+            f"the full {usd(amounts.gross_micros)} was restored.",
+            "",
+        )
     if refunded and amounts.gross_micros > 0:
         # Everything is restored, so the duplicate-work details would only add noise.
         return f"{opening[:-1]}; the full {usd(amounts.gross_micros)} was restored.", ""

@@ -80,9 +80,27 @@ class RunFacts:
 
 @dataclass(frozen=True, slots=True)
 class PolicyConfig:
+    """What ``decide`` needs of a tenant's policy document (``metering.policy.document``).
+
+    A switched-off rule (``r1``–``r5``, ``r8``) names no line, credits nothing and is not
+    cited as evidence. ``r7_auto_refund_under_micros`` is None when R7 holds every
+    unverified failure for review; an amount N refunds such a run whose gross is below N
+    automatically instead (still under the R8 cap).
+    """
+
     cap_fraction_ppm: int = 250_000  # 25 % of the period's gross
     cap_floor_micros: int = 5_000_000  # but never below 5 USD
     cap_runs: int = 20  # automatically refunded runs per period
+    r1: bool = True  # duplicate tool calls
+    r2: bool = True  # replayed context
+    r3: bool = True  # lost work
+    r4: bool = True  # refund of an interrupted run with nothing delivered
+    r5: bool = True  # partial credit of an interrupted run past its last delivery
+    r7_auto_refund_under_micros: int | None = None
+    r8: bool = True  # the protection cap
+
+
+BUILT_IN_POLICY: Final = PolicyConfig()
 
 
 @dataclass(frozen=True, slots=True)

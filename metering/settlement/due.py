@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 
 from metering.config import Settings
+from metering.policy.document import PolicyDocument
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +30,14 @@ class Windows:
             timedelta(seconds=settings.settle_grace_s),
             timedelta(seconds=settings.resume_window_s),
             timedelta(seconds=settings.idle_timeout_s),
+        )
+
+    @classmethod
+    def from_policy(cls, policy: PolicyDocument) -> Windows:
+        return cls(
+            timedelta(seconds=policy.settle_grace_s),
+            timedelta(seconds=policy.resume_window_s),
+            timedelta(seconds=policy.idle_timeout_s),
         )
 
 

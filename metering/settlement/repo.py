@@ -7,14 +7,14 @@ one statement for the whole chunk.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import msgspec
 import psycopg
 
-from metering.policy import EventFact, UsageLine
+from metering.policy import CustomerPeriod, EventFact, UsageLine
 from metering.policy.support import SupportGrant
 from metering.settlement.due import RunClock
 
@@ -251,13 +251,17 @@ class DecisionRecord:
     position_billed_micros: int
     position_credited_micros: int
     auto_credited_micros: int
+    policy_version: int = 0  # the tenant's policy version that made it (0: the settings)
+    # The R8 inputs decide() was given, kept so a replay gives the same.
+    period_inputs: CustomerPeriod = field(default_factory=CustomerPeriod)
 
 
 DECISION_COLUMNS = (
     "run_id, version, tenant_id, customer_id, origin, outcome, status, gross_micros, "
     "billed_micros, credited_micros, credited_line_ids, rule_ids, evidence_event_ids, "
     "explanation, evidence_version, period, ended_at, statement_period, started_at, models, "
-    "input_tokens, cached_input_tokens, output_tokens"
+    "input_tokens, cached_input_tokens, output_tokens, policy_version, period_gross_micros, "
+    "period_auto_credited_micros, period_auto_refunded_runs"
 )
 
 
@@ -307,6 +311,10 @@ def insert_decisions(conn: psycopg.Connection[Any], records: Sequence[DecisionRe
                     d.usage.input_tokens,
                     d.usage.cached_input_tokens,
                     d.usage.output_tokens,
+                    d.policy_version,
+                    d.period_inputs.period_gross_micros,
+                    d.period_inputs.auto_credited_micros,
+                    d.period_inputs.auto_refunded_runs,
                 )
             )
 

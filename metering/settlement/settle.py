@@ -19,6 +19,8 @@ from metering.config import Settings
 from metering.ledger.postings import Position
 from metering.ledger.repo import EntryRecord, RunAccount, entries_moving, insert_entries
 from metering.periods import period_of, statement_period
+from metering.policies.defaults import settings_policy
+from metering.policies.versions import PolicyVersion, load_book
 from metering.policy import (
     HELD_FOR_REVIEW,
     PARTIALLY_CREDITED,
@@ -46,11 +48,15 @@ class SettleReport:
 
 
 def policy_config(settings: Settings) -> PolicyConfig:
-    return PolicyConfig(
-        cap_fraction_ppm=settings.cap_fraction_ppm,
-        cap_floor_micros=settings.cap_floor_micros,
-        cap_runs=settings.cap_runs,
-    )
+    """What ``decide`` reads of the settings' policy (version 0 of every tenant's)."""
+    return settings_policy(settings).config()
+
+
+def _config(cache: dict[tuple[str, int], PolicyConfig], policy: PolicyVersion) -> PolicyConfig:
+    key = (policy.tenant_id, policy.version)
+    if key not in cache:
+        cache[key] = policy.document.config()
+    return cache[key]
 
 
 def _needs_decision(
@@ -100,7 +106,8 @@ def settle_runs(
     totals = repo.load_period_totals(conn, due, periods)
     previous = repo.latest_decisions(conn, due)
     grants = repo.load_support_grants(conn, due)
-    config = policy_config(settings)
+    book = load_book(conn, {r.tenant_id for r in due}, settings_policy(settings))
+    configs: dict[tuple[str, int], PolicyConfig] = {}
     entries: list[EntryRecord] = []
     unchanged: list[repo.LockedRun] = []
     for run in sorted(due, key=lambda r: (ended[r.run_id], r.run_id)):
@@ -115,7 +122,9 @@ def settle_runs(
                 auto_refunded_runs=period_totals.auto_refunded_runs,
             ),
         )
-        policy_decision = decide(facts, config)
+        # The tenant's version in force at the run's end decides it, re-opened runs too.
+        policy = book.in_force(run.tenant_id, ended[run.run_id])
+        policy_decision = decide(facts, _config(configs, policy))
         if policy_decision.gross_micros != run.gross_micros:
             raise AssertionError(f"run {run.run_id}: usage lines disagree with the run's gross")
         automatic = policy_decision.outcome in (PARTIALLY_CREDITED, REFUNDED)
@@ -143,6 +152,8 @@ def settle_runs(
             usage=evidence.summaries.get(run.run_id, repo.UsageSummary()),
             auto_credit=auto_credit,
             origin=origin,
+            policy_version=policy.version,
+            period_inputs=facts.period,
         )
         report.records.append(record)
         report.decided[run.run_id] = record.version
@@ -226,6 +237,8 @@ def _record(
     usage: repo.UsageSummary,
     auto_credit: int,
     origin: str,
+    policy_version: int,
+    period_inputs: CustomerPeriod,
 ) -> repo.DecisionRecord:
     # A held run is not billed: its ledger position goes (or stays) at nothing posted.
     held = decision.outcome == HELD_FOR_REVIEW
@@ -253,6 +266,8 @@ def _record(
         position_billed_micros=0 if held else decision.billed_micros,
         position_credited_micros=0 if held else decision.credited_micros,
         auto_credited_micros=auto_credit,
+        policy_version=policy_version,
+        period_inputs=period_inputs,
     )
 
 

@@ -4,7 +4,7 @@ A claim goes endpoint by endpoint, taking each one's due messages in order up to
 still hold, so one endpoint's backlog or hanging receiver cannot take every send slot.
 
 Revision ID: 0018
-Revises: 0015
+Revises: 0017
 Create Date: 2026-12-02 02:00:00
 
 """
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 # revision identifiers, used by Alembic.
 revision: str = '0018'
-down_revision: Union[str, Sequence[str], None] = '0015'
+down_revision: Union[str, Sequence[str], None] = '0017'
 branch_labels: Union[str, Sequence[str], None] = None
 depends_on: Union[str, Sequence[str], None] = None
 

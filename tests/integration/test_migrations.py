@@ -73,3 +73,49 @@ def test_ledger_refuses_updates_and_deletes(database_url, db, make_key, client):
     ):
         with pytest.raises(psycopg.errors.RestrictViolation, match="append-only"):
             db.execute(statement)
+
+
+def test_decisions_made_before_policy_versions_get_version_0(settings):
+    """0016 gives every existing decision policy_version 0 (the settings), without editing
+    the append-only rows; 0017 leaves their cap inputs unknown (NULL)."""
+    from datetime import UTC, datetime, timedelta
+
+    from metering.db import create_db_engine
+    from metering.prices import insert_prices
+    from metering.settlement.runner import settle_due_now
+    from tests.helpers.catalog import stable_prices
+    from tests.helpers.events import event, usage
+    from tests.helpers.ingest import ingest
+
+    url = recreate_database(server_database_url(), SCRATCH)
+    try:
+        upgrade(url, "0015")
+        with psycopg.connect(url) as conn:
+            insert_prices(conn, stable_prices())
+        start = datetime.now(UTC) - timedelta(hours=1)
+        upgrade(url)
+        scratch = settings.model_copy(update={"database_url": url})
+        engine = create_db_engine(scratch)
+        try:
+            ingest(
+                engine,
+                scratch,
+                [usage(step=1, time=start), event(type="run.completed", time=start)],
+                tenant="old",
+            )
+            settle_due_now(engine, scratch, now=datetime.now(UTC))
+        finally:
+            engine.dispose()
+        # Back to 0015: the decision stays, its new columns go, as before 0016 existed.
+        # Forward again: the migrations must give it version 0 and unknown cap inputs.
+        downgrade(url, "0015")
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT count(*) FROM decisions").fetchone() == (1,)
+        upgrade(url)
+        with psycopg.connect(url) as conn:
+            row = conn.execute(
+                "SELECT policy_version, period_gross_micros FROM decisions"
+            ).fetchone()
+        assert row == (0, None)
+    finally:
+        drop_database(server_database_url(), SCRATCH)

@@ -98,10 +98,12 @@ class TenantData:
     endpoint_id: str
     endpoint_description: str
     message_id: str
+    policy_version: int
+    policy_note: str
 
     @property
     def markers(self) -> tuple[str, ...]:
-        return (self.customer, *self.runs, self.claim, self.endpoint_description)
+        return (self.customer, *self.runs, self.claim, self.endpoint_description, self.policy_note)
 
 
 def seed_tenant(engine: Any, settings: Settings, *, tenant: str = "acme") -> TenantData:
@@ -131,9 +133,42 @@ def seed_tenant(engine: Any, settings: Settings, *, tenant: str = "acme") -> Ten
         support = Principal(tenant, Scope.SUPPORT, "seed")
         dispute_id = service.open_dispute(conn, support, runs[0], claim)
     endpoint_id, description, message_id = seed_webhook(engine, settings, tenant, runs[0])
+    policy_version, policy_note = seed_policy(engine, settings, tenant)
     return TenantData(
-        tenant, customer, runs, dispute_id, claim, endpoint_id, description, message_id
+        tenant,
+        customer,
+        runs,
+        dispute_id,
+        claim,
+        endpoint_id,
+        description,
+        message_id,
+        policy_version,
+        policy_note,
     )
+
+
+def seed_policy(engine: Any, settings: Settings, tenant: str) -> tuple[int, str]:
+    """A policy version of ``tenant`` that changes nothing but carries a secret note: (its
+    number, the note). Versions are append-only, so a tenant seeded twice has more."""
+    from datetime import UTC, datetime
+
+    from metering.db import raw_transaction
+    from metering.policies.defaults import settings_policy
+    from metering.policies.versions import create_version
+
+    note = f"{tenant} secret policy note"
+    with raw_transaction(engine) as conn:
+        made = create_version(
+            conn,
+            tenant,
+            {},
+            created_by="seed",
+            now=datetime.now(UTC),
+            defaults=settings_policy(settings),
+            note=note,
+        )
+    return made.version, note
 
 
 def seed_webhook(engine: Any, settings: Settings, tenant: str, run: str) -> tuple[str, str, str]:

@@ -30,7 +30,13 @@ from tests.security.harness import serve
 pytestmark = pytest.mark.timeout(120)
 
 INIT_SQL = ROOT / "docs" / "deploy" / "init-app-role.sql"
-APPEND_ONLY = ("ledger_entries", "decisions", "stripe_deliveries", "audit_log")
+APPEND_ONLY = (
+    "ledger_entries",
+    "decisions",
+    "stripe_deliveries",
+    "audit_log",
+    "policy_versions",
+)
 
 
 def as_role(url: str, role: str, password: str) -> str:

@@ -17,6 +17,7 @@ path parameter, body or public endpoint) fails the test, listed.
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -51,6 +52,7 @@ TENANT_TABLES = (
     "disputes",
     "events",
     "ledger_entries",
+    "policy_versions",
     "runs",
     "statement_lines",
     "stripe_outbox",
@@ -102,6 +104,7 @@ def path_values(data: TenantData) -> dict[str, str]:
         "token": "not-a-link",
         "endpoint_id": data.endpoint_id,
         "message_id": data.message_id,
+        "version": str(data.policy_version),
     }
 
 
@@ -120,6 +123,9 @@ def bodies(data: TenantData) -> dict[str, tuple[str, bytes]]:
         "EndpointCreate": as_json({"url": "https://93.184.215.14/probe", "description": "probe"}),
         "EndpointUpdate": as_json({"url": "https://93.184.215.14/probe", "enabled": False}),
         "RedeliverSince": as_json({"since": "2020-01-01T00:00:00Z"}),
+        # A version that changes nothing: the probing tenant's settlement stays as it was.
+        "PolicyCreate": as_json({"document": {}, "note": "probe"}),
+        "WhatIfRequest": as_json({"period": "current", "document": {"rules": {"R4": False}}}),
         "POST /v1/events": ("application/cloudevents+json", json.dumps(event).encode()),
     }
 
@@ -151,7 +157,8 @@ def snapshot(db: Any, tenant: str) -> dict[str, str]:
 
 @pytest.fixture
 def tenant_a(engine, settings, db) -> TenantData:
-    return seed_tenant(engine, settings, tenant="acme")
+    # Its own tenant: the policy versions it writes are append-only and outlive the test.
+    return seed_tenant(engine, settings, tenant=f"acme-{uuid.uuid4().hex[:10]}")
 
 
 @pytest.fixture
@@ -181,9 +188,11 @@ def test_no_key_reaches_another_tenants_or_customers_data(
     assert not unknowns(ops, a)
     params, payloads = path_values(a), bodies(a)
     # Tenant B is a full tenant of its own, with its own customer, so its keys are ordinary.
+    # A new one each time: its probe writes a policy version, which no test may inherit.
+    tenant_b = f"globex-{uuid.uuid4().hex[:10]}"
     keys_b = {
         s: make_key(
-            tenant="globex", scope=s, customer="globex-customer" if s == "customer" else None
+            tenant=tenant_b, scope=s, customer="globex-customer" if s == "customer" else None
         )
         for s in ALL_SCOPES
     }

@@ -1,0 +1,59 @@
+"""The console's policy page (admin keys): the tenant's protection policy versions, which
+one is in force, and what each changed from the one before.
+
+Read-only: versions are written through ``/v1/policies`` or ``fairmeter policy set``. It
+reads through the same use cases (``metering.policies.versions``); support keys get a 403
+page and see no nav entry.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from litestar import Request, Response, get
+from litestar.datastructures import State
+
+from api.console.pages import page_response
+from api.console.web import services_of, signed_in
+from metering.db import raw_transaction
+from metering.errors import forbidden
+from metering.keys import Scope
+from metering.policies import versions
+from metering.policies.defaults import settings_policy
+from metering.policy.document import diff_policies
+
+
+def _state(version: versions.PolicyVersion, current: int, now: datetime) -> str:
+    if version.version == current:
+        return "in force"
+    if version.effective_from is not None and version.effective_from > now:
+        return "scheduled"
+    return "superseded"
+
+
+@get("/policies", sync_to_thread=True)
+def policies_page(request: Request[Any, Any, Any], state: State) -> Response[str]:
+    services = services_of(state)
+    console = signed_in(request, services)
+    if console.principal.scope is not Scope.ADMIN:
+        raise forbidden("the tenant's policies are for admin keys")
+    with raw_transaction(services.engine) as conn:
+        found = versions.list_versions(
+            conn, console.principal.tenant_id, settings_policy(services.settings)
+        )
+    now = datetime.now(UTC)
+    current = versions.in_force_at(found, now)
+    rows = [
+        {
+            "version": v,
+            "in_force": v.version == current,
+            "state": _state(v, current, now),
+            "changes": diff_policies(found[i - 1].document, v.document) if i else [],
+            "document": v.document.as_json(),
+        }
+        for i, v in enumerate(found)
+    ]
+    return page_response(
+        request, "policies.html", console, nav="policies", rows=list(reversed(rows))
+    )

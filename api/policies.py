@@ -1,0 +1,203 @@
+"""/v1/policies — a tenant's protection policy versions: write, list, read, diff (admin)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from anyio import to_thread
+from litestar import Request, get, post
+from litestar.datastructures import State
+from litestar.params import FromPath, Parameter
+
+from api.openapi_docs import AUTHENTICATED, keys, problems
+from api.policy_wire import (
+    PolicyChange,
+    PolicyCreate,
+    PolicyDiffReply,
+    PolicyReply,
+    WhatIfReply,
+    WhatIfRequest,
+    policy_reply,
+    whatif_reply,
+)
+from api.services import Services
+from api.webhooks import _options
+from metering.db import raw_transaction
+from metering.errors import FieldError, not_found, validation_error
+from metering.keys import Principal, Scope
+from metering.policies import versions
+from metering.policies.defaults import settings_policy
+from metering.settlement.replay import what_if
+
+T = TypeVar("T")
+ADMIN = keys(Scope.ADMIN)
+MAX_VERSION = 2**31 - 1  # the column is an INTEGER
+
+
+async def _as_admin(
+    request: Request[Any, Any, Any], state: State, work: Callable[[Services, Principal], T]
+) -> T:
+    services: Services = state.services
+    principal = services.authenticate(request, Scope.ADMIN)
+    return await to_thread.run_sync(work, services, principal)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _rfc3339(text: str | None) -> datetime | None:
+    if text is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        raise validation_error(
+            [
+                FieldError(
+                    "$.effective_from", "invalid_time", "an RFC 3339 time with its zone, e.g. …Z"
+                )
+            ]
+        )
+    return moment
+
+
+def _known(version: int) -> int:
+    if not 0 <= version <= MAX_VERSION:
+        raise not_found(f"no policy version {version}", code="policy_version_not_found")
+    return version
+
+
+@post(
+    "/v1/policies",
+    status_code=201,
+    tags=["policies"],
+    summary="Write the tenant's next policy version (fields left out keep the latest's)",
+    security=ADMIN,
+    responses=problems(*AUTHENTICATED, 413, 422),
+)
+async def create_policy(
+    request: Request[Any, Any, Any], data: PolicyCreate, state: State
+) -> PolicyReply:
+    def work(services: Services, principal: Principal) -> PolicyReply:
+        now = _now()
+        with raw_transaction(services.engine) as conn:
+            made = versions.create_version(
+                conn,
+                principal.tenant_id,
+                data.document,
+                created_by=principal.key_id,
+                now=now,
+                defaults=settings_policy(services.settings),
+                effective_from=_rfc3339(data.effective_from),
+                note=data.note,
+            )
+        started = made.effective_from is not None and made.effective_from <= now
+        return policy_reply(made, in_force=started)
+
+    return await _as_admin(request, state, work)
+
+
+@get(
+    "/v1/policies",
+    tags=["policies"],
+    summary="Every version of the tenant's policy, version 0 (the settings) first",
+    security=ADMIN,
+    responses=problems(*AUTHENTICATED),
+)
+async def list_policies(request: Request[Any, Any, Any], state: State) -> list[PolicyReply]:
+    def work(services: Services, principal: Principal) -> list[PolicyReply]:
+        defaults = settings_policy(services.settings)
+        with raw_transaction(services.engine) as conn:
+            found = versions.list_versions(conn, principal.tenant_id, defaults)
+        current = versions.in_force_at(found, _now())
+        return [policy_reply(v, in_force=v.version == current) for v in found]
+
+    return await _as_admin(request, state, work)
+
+
+@get(
+    "/v1/policies/diff",
+    tags=["policies"],
+    summary="What changed between two versions (default: the latest and the one before)",
+    security=ADMIN,
+    responses=problems(*AUTHENTICATED, 404),
+)
+async def diff_policies(
+    request: Request[Any, Any, Any],
+    state: State,
+    from_version: int | None = Parameter(query="from", default=None),
+    to_version: int | None = Parameter(query="to", default=None),
+) -> PolicyDiffReply:
+    def work(services: Services, principal: Principal) -> PolicyDiffReply:
+        defaults = settings_policy(services.settings)
+        with raw_transaction(services.engine) as conn:
+            new = to_version
+            if new is None:
+                new = versions.list_versions(conn, principal.tenant_id, defaults)[-1].version
+            old = max(new - 1, 0) if from_version is None else from_version
+            changes = versions.diff_versions(
+                conn, principal.tenant_id, _known(old), _known(new), defaults
+            )
+        return PolicyDiffReply(old, new, [PolicyChange(*change) for change in changes])
+
+    return await _as_admin(request, state, work)
+
+
+@get(
+    "/v1/policies/{version:int}",
+    tags=["policies"],
+    summary="One version of the tenant's policy (0: the deployment's settings)",
+    security=ADMIN,
+    responses=problems(*AUTHENTICATED, 404),
+)
+async def get_policy(
+    request: Request[Any, Any, Any], version: FromPath[int], state: State
+) -> PolicyReply:
+    def work(services: Services, principal: Principal) -> PolicyReply:
+        defaults = settings_policy(services.settings)
+        with raw_transaction(services.engine) as conn:
+            found = versions.list_versions(conn, principal.tenant_id, defaults)
+        current = versions.in_force_at(found, _now())
+        wanted = [v for v in found if v.version == _known(version)]
+        if not wanted:
+            raise not_found(f"no policy version {version}", code="policy_version_not_found")
+        return policy_reply(wanted[0], in_force=version == current)
+
+    return await _as_admin(request, state, work)
+
+
+@post(
+    "/v1/policy/what-if",
+    status_code=200,
+    tags=["policies"],
+    summary="Replay a period's settled runs under a candidate policy; writes nothing",
+    security=ADMIN,
+    responses=problems(*AUTHENTICATED, 413, 422),
+)
+async def policy_what_if(
+    request: Request[Any, Any, Any], data: WhatIfRequest, state: State
+) -> WhatIfReply:
+    def work(services: Services, principal: Principal) -> WhatIfReply:
+        defaults = settings_policy(services.settings)
+        with raw_transaction(services.engine) as conn:
+            report = what_if(
+                conn, principal.tenant_id, data.period, data.document, defaults, _now()
+            )
+        return whatif_reply(report)
+
+    return await _as_admin(request, state, work)
+
+
+POLICY_HANDLERS = [
+    _options("/v1/policies"),
+    create_policy,
+    list_policies,
+    diff_policies,
+    get_policy,
+    policy_what_if,
+]

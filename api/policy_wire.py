@@ -1,0 +1,128 @@
+"""Wire types of /v1/policies: what admins send and get back. Never table rows."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+import msgspec
+
+from metering.policies.versions import PolicyVersion
+from metering.settlement.replay import Position, WhatIf
+
+
+class PolicyCreate(msgspec.Struct, forbid_unknown_fields=True):
+    document: Annotated[
+        dict[str, Any],
+        msgspec.Meta(
+            description=(
+                "The policy document (docs/policies.md). Fields left out keep the latest "
+                "version's values."
+            )
+        ),
+    ]
+    effective_from: Annotated[
+        str | None,
+        msgspec.Meta(description="RFC 3339 time with its zone; default now. Never in the past."),
+    ] = None
+    note: str = ""
+
+
+class PolicyReply(msgspec.Struct):
+    version: int  # 0: the deployment's settings, in force until a tenant's first version
+    effective_from: datetime | None
+    created_at: datetime | None
+    created_by: str | None
+    note: str
+    in_force: bool  # in force now (a version may be written to take effect later)
+    document: dict[str, Any]
+
+
+class PolicyChange(msgspec.Struct):
+    path: str
+    old: Any
+    new: Any
+
+
+class PolicyDiffReply(msgspec.Struct):
+    from_version: int
+    to_version: int
+    changes: list[PolicyChange]
+
+
+def policy_reply(version: PolicyVersion, in_force: bool) -> PolicyReply:
+    return PolicyReply(
+        version=version.version,
+        effective_from=version.effective_from,
+        created_at=version.created_at,
+        created_by=version.created_by,
+        note=version.note,
+        in_force=in_force,
+        document=version.document.as_json(),
+    )
+
+
+class WhatIfRequest(msgspec.Struct, forbid_unknown_fields=True):
+    period: Annotated[str, msgspec.Meta(description="YYYY-MM or 'current'.")]
+    document: Annotated[
+        dict[str, Any],
+        msgspec.Meta(description="The candidate; fields left out keep the latest version's."),
+    ] = msgspec.field(default_factory=dict)
+
+
+class Amounts(msgspec.Struct):
+    billed_micros: int
+    credited_micros: int
+    held_micros: int  # held for review: nothing posted
+
+
+class Comparison(msgspec.Struct):
+    current: Amounts  # the decisions in force
+    candidate: Amounts
+
+
+class CustomerWhatIf(Comparison):
+    customer: str
+
+
+class OutcomeChange(msgspec.Struct):
+    old_outcome: str
+    new_outcome: str
+    runs: int
+    example_runs: list[str]
+
+
+class WhatIfReply(msgspec.Struct):
+    period: str
+    candidate: dict[str, Any]
+    runs: int
+    # Runs whose replay under the policy that decided them reproduced the stored decision;
+    # equal to ``runs`` unless the replay and settlement disagree (then a few examples).
+    reproduced: int
+    not_reproduced_examples: list[str]
+    total: Comparison
+    customers: list[CustomerWhatIf]
+    changes: list[OutcomeChange]
+
+
+def _amounts(position: Position) -> Amounts:
+    return Amounts(position.billed_micros, position.credited_micros, position.held_micros)
+
+
+def whatif_reply(report: WhatIf) -> WhatIfReply:
+    return WhatIfReply(
+        period=report.period,
+        candidate=report.candidate.as_json(),
+        runs=report.runs,
+        reproduced=report.reproduced,
+        not_reproduced_examples=report.not_reproduced,
+        total=Comparison(_amounts(report.total.current), _amounts(report.total.candidate)),
+        customers=[
+            CustomerWhatIf(_amounts(side.current), _amounts(side.candidate), customer)
+            for customer, side in sorted(report.customers.items())
+        ],
+        changes=[
+            OutcomeChange(old, new, change.runs, change.examples)
+            for (old, new), change in sorted(report.changes.items())
+        ],
+    )

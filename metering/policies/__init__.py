@@ -1,0 +1,1 @@
+"""Tenants' protection policies: the settings' default, stored versions, the one in force."""

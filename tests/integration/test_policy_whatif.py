@@ -1,0 +1,124 @@
+"""The what-if replay against a simulated month settled for real (issue #17).
+
+Under the policy each decision was made with, the replay must reproduce every stored
+decision exactly — across two policy versions, the R8 cap binding, a hold support released
+and a run re-opened by late evidence. Under a candidate it reports what would change, and
+it writes nothing.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from metering.db import raw_transaction
+from metering.disputes.service import release_hold
+from metering.keys import Principal, Scope
+from metering.policies.defaults import settings_policy
+from metering.policies.versions import create_version
+from metering.policy.document import parse_policy
+from metering.settlement import replay
+from metering.settlement.runner import settle_due_now
+from tests.helpers.events import event
+from tests.helpers.ingest import ingest
+from tests.helpers.scenarios import KINDS, scenario
+
+NOW = datetime.now(UTC).replace(microsecond=0)
+START = NOW - timedelta(minutes=100)
+TIGHT = {
+    "cap_floor_micros": 0,
+    "cap_fraction_ppm": 100_000,
+    "rules": {"R7": {"action": "auto_refund", "under_micros": 12_000}},
+}
+
+
+def month(engine: Any, settings: Any, tenant: str) -> None:
+    """60 mixed runs of 6 customers, settled in two passes, v1 in force from minute 30."""
+    with raw_transaction(engine) as conn:
+        create_version(
+            conn,
+            tenant,
+            TIGHT,
+            created_by="test",
+            now=START,
+            defaults=settings_policy(settings),
+            effective_from=START + timedelta(minutes=30),
+        )
+    rng = random.Random(17)
+    batches: list[list[dict[str, Any]]] = [[], []]
+    for i in range(60):
+        kind = rng.choice(sorted(KINDS))
+        run_start = START + timedelta(minutes=i)
+        batches[i % 2].extend(scenario(kind, f"run-{i}", f"cust-{i % 6}", run_start))
+    ingest(engine, settings, batches[0], tenant=tenant)
+    settle_due_now(engine, settings, now=NOW)
+    ingest(engine, settings, batches[1], tenant=tenant)
+    settle_due_now(engine, settings, now=NOW)
+
+
+def whatif(engine: Any, settings: Any, tenant: str, period: str, document: Any) -> Any:
+    defaults = settings_policy(settings)
+    with raw_transaction(engine) as conn:
+        return replay.replay_period(
+            conn, tenant, period, parse_policy(document, defaults=defaults), defaults
+        )
+
+
+def test_replay_reproduces_every_stored_decision_and_prices_a_candidate(engine, settings, db):
+    tenant = f"pol-{uuid.uuid4().hex[:12]}"
+    month(engine, settings, tenant)
+    held = db.execute(
+        "SELECT subject FROM runs WHERE tenant_id = %s AND outcome = 'held_for_review' "
+        "ORDER BY id LIMIT 1",
+        (tenant,),
+    ).fetchone()
+    assert held is not None
+    with raw_transaction(engine) as conn:
+        release_hold(
+            conn,
+            Principal(tenant, Scope.SUPPORT, "test"),
+            held[0],
+            reason="checked the logs",
+            settings=settings,
+            now=NOW,
+        )
+    refunded = db.execute(
+        "SELECT subject FROM runs WHERE tenant_id = %s AND outcome = 'refunded' AND "
+        "ended_at > %s ORDER BY id LIMIT 1",
+        (tenant, START + timedelta(minutes=30)),
+    ).fetchone()
+    if refunded is not None:  # late evidence: a step was delivered after all
+        late = event(type="run.delivered", run=refunded[0], step=1, kind="partial", time=NOW)
+        ingest(engine, settings, [late], tenant=tenant)
+        settle_due_now(engine, settings, now=NOW + timedelta(minutes=5))
+    rows = db.execute(
+        "SELECT r.period, d.policy_version, d.rule_ids, d.outcome, r.gross_micros, "
+        "r.billed_micros, r.credited_micros FROM runs r JOIN decisions d "
+        "ON d.run_id = r.id AND d.version = r.decision_version WHERE r.tenant_id = %s",
+        (tenant,),
+    ).fetchall()
+    assert len(rows) == 60
+    assert {r[1] for r in rows} == {0, 1}  # both versions decided runs
+    assert any("R8" in r[2] for r in rows), "the tight cap never bound"
+    (period,) = {r[0] for r in rows}
+    decisions_before = db.execute("SELECT count(*) FROM decisions").fetchone()
+
+    same = whatif(engine, settings, tenant, period, {})
+    assert (same.runs, same.reproduced, same.not_reproduced) == (60, 60, [])
+    held_gross = sum(r[4] for r in rows if r[3] == "held_for_review")
+    assert same.total.current.billed_micros == sum(r[5] for r in rows)
+    assert same.total.current.credited_micros == sum(r[6] for r in rows)
+    assert same.total.current.held_micros == held_gross
+    assert len(same.customers) == 6
+
+    generous = whatif(
+        engine, settings, tenant, period, {"rules": {"R8": False, "R7": {"action": "hold"}}}
+    )
+    assert generous.reproduced == 60
+    assert ("held_for_review", "refunded") in generous.changes
+    assert generous.total.candidate.credited_micros > generous.total.current.credited_micros
+    change = generous.changes[("held_for_review", "refunded")]
+    assert 0 < len(change.examples) <= min(change.runs, 5)
+    assert db.execute("SELECT count(*) FROM decisions").fetchone() == decisions_before
