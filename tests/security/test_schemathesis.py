@@ -92,6 +92,10 @@ def api(settings: Settings, tmp_path_factory: Any) -> Iterator[Served]:
         tmp_path_factory.mktemp("schemathesis"),
         workers=2,
         FAIRMETER_STRIPE_WEBHOOK_SECRET="whsec_schemathesis",
+        # A status stream the fuzzer opens is a right answer (200, text/event-stream) that
+        # would last FAIRMETER_STREAM_MAX_S: end each one soon, as every client must expect.
+        FAIRMETER_STREAM_MAX_S="2",
+        FAIRMETER_STREAM_HEARTBEAT_S="1",
     ) as served:
         yield served
 
