@@ -245,7 +245,7 @@ class Settings(BaseSettings):
     webhooks_delivery_batch: int = 64
     # Sends at once in a delivery round, and at most this many to any one endpoint: a slow
     # or hanging receiver holds its own share and no more, so it cannot hold up another
-    # tenant's webhooks. An endpoint holds at most four times its share of claimed messages
+    # tenant's webhooks. An endpoint holds at most eight times its share of claimed messages
     # (claimed ahead, waiting for a send slot) across rounds.
     webhooks_delivery_threads: int = 16
     webhooks_endpoint_concurrency: int = 8

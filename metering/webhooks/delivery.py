@@ -47,8 +47,12 @@ ROUND_LOCK_KEY = 0x3E6B_0017
 # While sends are in flight and none finishes, a round still claims what became due this
 # often (a slow receiver must not hold up the next message's first attempt for long).
 CLAIM_EVERY_S = 0.2
-# Messages one endpoint may hold claimed at once, per send slot it has.
-CLAIMS_PER_SLOT = 4
+# Finished attempts are recorded once this many are waiting, or this long after the first.
+RECORD_BATCH = 16
+RECORD_EVERY_S = 0.05
+# Messages one endpoint may hold claimed at once, per send slot it has: enough that one
+# busy endpoint is claimed for in batches (each claim is a serial step of the round).
+CLAIMS_PER_SLOT = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -386,11 +390,25 @@ class _SendSlots:
         self._waiting: dict[str, deque[Claimed]] = {}
         self._sending: Counter[str] = Counter()
         self.running: set[Future[tuple[Claimed, Attempt]]] = set()
+        # An endpoint's claimed messages all went to send since the last claim: it may
+        # have more due, so claiming again is worth its cost now.
+        self.drained = False
 
     @property
     def held(self) -> int:
         """Messages claimed and not yet finished (waiting or being sent)."""
         return len(self.running) + sum(len(q) for q in self._waiting.values())
+
+    @property
+    def busy(self) -> int:
+        """Sends running, and those that could start once a thread is free: what keeps the
+        round's threads busy. (A message waiting for its endpoint's slots does not: a
+        hanging receiver's backlog must not stop the round claiming for the others.)"""
+        startable = sum(
+            min(len(queue), self._per_endpoint - self._sending[e])
+            for e, queue in self._waiting.items()
+        )
+        return len(self.running) + startable
 
     def add(self, messages: Sequence[Claimed]) -> None:
         for message in messages:
@@ -412,6 +430,7 @@ class _SendSlots:
                 if len(self.running) >= self._threads:
                     return
                 message = self._waiting[endpoint].popleft()
+                self.drained = self.drained or not self._waiting[endpoint]
                 self._sending[endpoint] += 1
                 self.running.add(pool.submit(one, message))
 
@@ -429,16 +448,17 @@ def deliver_due(
 
     The sends run in the pool; claiming and recording stay in this thread, each a serial
     step done for many messages at once. Claims are made ahead, up to
-    ``webhooks_delivery_batch`` held at once (and four times its send share per endpoint),
-    whenever fewer than ``webhooks_delivery_threads`` are held (claiming one or two per
-    finished send spent more time claiming than sending); a message claimed ahead waits for
-    a send slot of its endpoint under the round's lease, renewed by its heartbeat. A hanging
-    receiver so holds its endpoint's slots and nothing else: other endpoints, other tenants,
-    go on. The attempts that finished together are recorded in one transaction (the
-    delivered ones by :func:`record_delivered`, the others one by one by :func:`record`,
-    which schedules their retries): a worker killed before the commit sends them again
-    under the same ``webhook-id``, which at-least-once allows. A send that finishes may free
-    its run's next message: the next claim takes it."""
+    ``webhooks_delivery_batch`` held at once (and eight times its send share per
+    endpoint), whenever fewer than ``webhooks_delivery_threads`` are being sent or could
+    be (claiming one or two per finished send spent more time claiming than sending); a
+    message claimed ahead waits for a send slot of its endpoint under the round's lease,
+    renewed by its heartbeat. A hanging receiver so holds its endpoint's slots and nothing
+    else: other endpoints, other tenants, go on. The attempts that finished together are
+    recorded in one transaction (the delivered ones by :func:`record_delivered`, the
+    others one by one by :func:`record`, which schedules their retries): a worker killed
+    before the commit sends them again under the same ``webhook-id``, which at-least-once
+    allows. A send that finishes may free its run's next message: the next claim takes
+    it."""
     lease = timedelta(seconds=settings.webhooks_lease_s)
     threads = max(1, settings.webhooks_delivery_threads)
     per_endpoint = max(1, min(settings.webhooks_endpoint_concurrency, threads))
@@ -455,33 +475,61 @@ def deliver_due(
         return message, attempt(message, settings, send, clock)
 
     sent = 0
+    # After a claim that found less than it asked for (nothing more due, or the endpoints
+    # it found are at their share), the next waits until an endpoint's queue drains or
+    # CLAIM_EVERY_S passes: claiming at every finished send cost more than sending.
+    short_at: float | None = None
+    # Finished attempts are recorded together, a few at a time or after RECORD_EVERY_S:
+    # one transaction per finished send was the round's serial bottleneck.
+    unrecorded: list[tuple[Claimed, Attempt]] = []
+    first_unrecorded_at = 0.0
+
+    def record_finished() -> None:
+        if not unrecorded:
+            return
+        with raw_transaction(engine) as conn:
+            record_delivered(conn, [a for a in unrecorded if a[1].delivered])
+            for message, result in unrecorded:
+                if not result.delivered:
+                    record(conn, message, result, settings)
+        for message, _ in unrecorded:
+            held.drop(message)
+        unrecorded.clear()
+
     heartbeat = Heartbeat(renew_held, lease, clock, name="webhooks", written_at=time.monotonic())
     with heartbeat, ThreadPoolExecutor(threads, thread_name_prefix="webhook") as pool:
         while True:
-            if slots.held < threads and time.monotonic() < deadline:
+            worth_it = (
+                short_at is None or slots.drained or time.monotonic() - short_at >= CLAIM_EVERY_S
+            )
+            if slots.busy < threads and worth_it and time.monotonic() < deadline:
+                wanted = max(threads - slots.busy, ahead - slots.held)
                 with raw_transaction(engine) as conn:
-                    claimed = claim(
-                        conn, clock(), ahead - slots.held, lease, per_endpoint * CLAIMS_PER_SLOT
-                    )
+                    claimed = claim(conn, clock(), wanted, lease, per_endpoint * CLAIMS_PER_SLOT)
+                short_at = time.monotonic() if len(claimed) < wanted else None
+                slots.drained = False
                 held.add(claimed)
                 sent += len(claimed)
                 slots.add(claimed)
             slots.start(pool, one)
             if not slots.running:
+                record_finished()
                 return sent
             finished, slots.running = wait(
-                slots.running, timeout=CLAIM_EVERY_S, return_when=FIRST_COMPLETED
+                slots.running,
+                timeout=RECORD_EVERY_S if unrecorded else CLAIM_EVERY_S,
+                return_when=FIRST_COMPLETED,
             )
             attempts = [future.result() for future in finished]
-            slots.finished(attempts)
-            if attempts:
-                with raw_transaction(engine) as conn:
-                    record_delivered(conn, [a for a in attempts if a[1].delivered])
-                    for message, result in attempts:
-                        if not result.delivered:
-                            record(conn, message, result, settings)
-                for message, _ in attempts:
-                    held.drop(message)
+            slots.finished(attempts)  # their send slots are free at once
+            if attempts and not unrecorded:
+                first_unrecorded_at = time.monotonic()
+            unrecorded.extend(attempts)
+            if unrecorded and (
+                len(unrecorded) >= RECORD_BATCH
+                or time.monotonic() - first_unrecorded_at >= RECORD_EVERY_S
+            ):
+                record_finished()
 
 
 @contextmanager

@@ -1,6 +1,6 @@
 """One tenant's hanging receiver does not hold up another tenant's webhooks: a delivery round
 sends at most ``webhooks_endpoint_concurrency`` at once to any endpoint, and a claim takes at
-most four times that per endpoint, so the other endpoints keep their send slots (issue #16;
+most eight times that per endpoint, so the other endpoints keep their send slots (issue #16;
 isolation: nothing one tenant does changes what another gets)."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def test_a_hanging_receiver_of_one_tenant_does_not_delay_another_tenants_webhook
                 "SELECT count(*) FROM webhook_messages WHERE tenant_id = 'acme' "
                 "AND claimed_until IS NOT NULL"
             ).fetchone()[0]
-            assert sending_to_acme <= 4 * 2  # its claim share, however long its backlog
+            assert sending_to_acme <= 8 * 2  # its claim share, however long its backlog
         finally:
             hanging.hang.clear()
             round_.join(60)
