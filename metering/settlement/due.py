@@ -113,6 +113,8 @@ WITH due AS (
     WHERE settled_evidence_version < evidence_version AND parked_at IS NULL
       AND (claimed_until IS NULL OR claimed_until < %(now)s)
       AND {IS_DUE_SQL}
+      AND (%(only)s::text[] IS NULL OR tenant_id = ANY(%(only)s::text[]))
+      AND tenant_id <> ALL(%(elsewhere)s::text[])
       AND (tenant_id, customer_id) NOT IN (
           SELECT tenant_id, customer_id FROM runs
           WHERE settled_evidence_version < evidence_version AND parked_at IS NULL
@@ -178,22 +180,42 @@ def park_poison_runs(
 
 
 def claim_due_runs(
-    conn: psycopg.Connection[Any], now: datetime, windows: Windows, *, limit: int, lease: timedelta
+    conn: psycopg.Connection[Any],
+    now: datetime,
+    windows: Windows,
+    *,
+    limit: int,
+    lease: timedelta,
+    tenant_windows: dict[str, Windows] | None = None,
 ) -> list[ClaimedRun]:
     """Claim up to ``limit`` due runs for ``lease``; a claim that is never settled expires.
 
-    Waits for any other sweep's claim to commit, and skips customers with runs in flight,
-    so a customer's runs are never in two chunks at once (see ``CLAIM_DUE_RUNS``).
+    ``windows`` are the deployment's; ``tenant_windows`` those of tenants whose policy in
+    force sets others (their runs are due by their own). Waits for any other sweep's claim
+    to commit, and skips customers with runs in flight, so a customer's runs are never in
+    two chunks at once (see ``CLAIM_DUE_RUNS``).
     """
     conn.execute("SELECT pg_advisory_xact_lock(%s)", (SWEEP_LOCK_KEY,))
-    params: dict[str, Any] = {
-        "now": now,
-        "limit": limit,
-        "lease_until": now + lease,
-        **cutoff_params(windows, now),
-    }
-    rows = conn.execute(CLAIM_DUE_RUNS, params).fetchall()
-    claimed = [ClaimedRun(*row) for row in rows]
+    own = tenant_windows or {}
+    groups: dict[Windows, list[str]] = {}
+    for tenant, tenant_window in own.items():
+        groups.setdefault(tenant_window, []).append(tenant)
+    claimed: list[ClaimedRun] = []
+    passes: list[tuple[Windows, list[str] | None, list[str]]] = [(windows, None, sorted(own))]
+    passes += [(w, sorted(tenants), []) for w, tenants in groups.items()]
+    for pass_windows, only, elsewhere in passes:
+        left = limit - len(claimed)
+        if left <= 0:
+            break
+        params: dict[str, Any] = {
+            "now": now,
+            "limit": left,
+            "lease_until": now + lease,
+            "only": only,
+            "elsewhere": elsewhere,
+            **cutoff_params(pass_windows, now),
+        }
+        claimed += [ClaimedRun(*row) for row in conn.execute(CLAIM_DUE_RUNS, params).fetchall()]
     claimed.sort(key=lambda c: (c.ended_at, c.run_id))
     return claimed
 

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+import psycopg
 from sqlalchemy.engine import Engine
 
 from metering.config import Settings
 from metering.db import raw_transaction
 from metering.leases import Heartbeat, elapsed_since
+from metering.policies.defaults import settings_policy
+from metering.policies.versions import load_book
 from metering.settlement.announce import announce_parked
 from metering.settlement.due import (
     ParkedRun,
@@ -40,15 +44,31 @@ def claim_due_chunks(
     with raw_transaction(engine) as conn:
         parked = park_poison_runs(conn, now, settings.max_settle_attempts)
         announce_parked(conn, parked, now)
+        defaults = Windows.from_settings(settings)
         claimed = claim_due_runs(
             conn,
             now,
-            Windows.from_settings(settings),
+            defaults,
             limit=settings.sweep_batch_size,
             lease=timedelta(seconds=settings.claim_lease_s),
+            tenant_windows=tenant_windows(conn, settings, defaults, now),
         )
     _report_parked(parked)
     return chunk_by_customer(claimed, settings.settle_chunk_size)
+
+
+def tenant_windows(
+    conn: psycopg.Connection[Any], settings: Settings, defaults: Windows, now: datetime
+) -> dict[str, Windows]:
+    """The tenants whose policy in force now sets windows other than the deployment's, and
+    theirs: a run is due by its tenant's windows (settle grace, resume window, idle timeout).
+    Read at every sweep: only tenants that ever wrote a policy are looked at."""
+    tenants = [r[0] for r in conn.execute("SELECT DISTINCT tenant_id FROM policy_versions")]
+    if not tenants:
+        return {}
+    book = load_book(conn, tenants, settings_policy(settings))
+    found = {t: Windows.from_policy(book.in_force(t, now).document) for t in tenants}
+    return {t: w for t, w in found.items() if w != defaults}
 
 
 def _report_parked(parked: list[ParkedRun]) -> None:

@@ -20,7 +20,7 @@ from metering.ledger.postings import Position
 from metering.ledger.repo import EntryRecord, RunAccount, entries_moving, insert_entries
 from metering.periods import period_of, statement_period
 from metering.policies.defaults import settings_policy
-from metering.policies.versions import PolicyVersion, load_book
+from metering.policies.versions import PolicyBook, PolicyVersion, load_book
 from metering.policy import (
     HELD_FOR_REVIEW,
     PARTIALLY_CREDITED,
@@ -71,6 +71,10 @@ def _needs_decision(
     return due_at(run.clock, windows) <= now
 
 
+def _windows(book: PolicyBook, tenant_id: str, now: datetime) -> Windows:
+    return Windows.from_policy(book.in_force(tenant_id, now).document)
+
+
 def settle_runs(
     conn: psycopg.Connection[Any],
     run_ids: Sequence[int],
@@ -90,9 +94,14 @@ def settle_runs(
         return report
     repo.lock_customers(conn, run_ids)
     runs = repo.lock_runs(conn, run_ids)
-    windows = Windows.from_settings(settings)
+    # Each tenant's windows are those of its policy in force now (as the sweep's claim).
+    book = load_book(conn, {r.tenant_id for r in runs}, settings_policy(settings))
     redecide = origin == "support"
-    due = [r for r in runs if _needs_decision(r, now, windows, force or redecide, redecide)]
+    due = [
+        r
+        for r in runs
+        if _needs_decision(r, now, _windows(book, r.tenant_id, now), force or redecide, redecide)
+    ]
     due_ids = {r.run_id for r in due}
     report.not_due = [r.run_id for r in runs if r.run_id not in due_ids]
     repo.release_claims(conn, report.not_due)
@@ -106,7 +115,6 @@ def settle_runs(
     totals = repo.load_period_totals(conn, due, periods)
     previous = repo.latest_decisions(conn, due)
     grants = repo.load_support_grants(conn, due)
-    book = load_book(conn, {r.tenant_id for r in due}, settings_policy(settings))
     configs: dict[tuple[str, int], PolicyConfig] = {}
     entries: list[EntryRecord] = []
     unchanged: list[repo.LockedRun] = []

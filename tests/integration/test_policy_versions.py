@@ -154,3 +154,36 @@ def test_versions_are_numbered_per_tenant_and_never_go_back_in_time(engine, sett
             conn, tenant, {}, created_by="t", now=at(25), defaults=defaults, effective_from=at(15)
         )
     assert caught.value.status == 422
+
+
+def test_a_tenants_windows_decide_when_its_runs_are_due(engine, settings, db):
+    """settle_grace_s, resume_window_s and idle_timeout_s of the policy in force: a run that
+    ended 10 minutes ago is due for a tenant whose grace is 5 minutes, not for one whose
+    grace is an hour; a run silent for 40 minutes is due for a tenant whose idle timeout is
+    30 minutes, not under the deployment's hour. The sweep and settlement agree."""
+    quick, patient, plain = new_tenant(), new_tenant(), new_tenant()
+    write_policy(
+        engine, settings, quick, {"settle_grace_s": 300, "idle_timeout_s": 1800}, effective=T0
+    )
+    write_policy(engine, settings, patient, {"settle_grace_s": 3600}, effective=T0)
+    now = at(60)
+    for tenant in (quick, patient, plain):
+        ingest(engine, settings, server_drop("ended", start=46), tenant=tenant)  # ends at 50
+        ingest(
+            engine,
+            settings,
+            [
+                event(type="run.started", run="silent", time=at(10)),
+                usage(run="silent", step=1, time=at(20)),
+            ],
+            tenant=tenant,
+        )
+    settle_due_now(engine, settings, now=now)
+    assert decisions(db, quick, "ended") == [(1, "refunded", 1)]
+    assert decisions(db, quick, "silent") != []  # 40 min silent > its 30 min idle timeout
+    assert decisions(db, patient, "ended") == []  # 10 min < its hour of grace
+    assert decisions(db, plain, "ended") == [(1, "refunded", 0)]  # the deployment's 120 s
+    assert decisions(db, plain, "silent") == []  # 40 min < the deployment's hour
+    later = at(50 + 61)
+    settle_due_now(engine, settings, now=later)
+    assert decisions(db, patient, "ended") == [(1, "refunded", 1)]
