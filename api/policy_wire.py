@@ -74,6 +74,11 @@ class Amounts(msgspec.Struct):
     billed_micros: int
     credited_micros: int
     held_micros: int  # held for review: nothing posted
+    # What the usage cost the platform (the provider-cost catalog), all of it and the part
+    # in the usage lines credited; margin after protection = billed - provider cost.
+    provider_cost_micros: int
+    credited_provider_cost_micros: int
+    margin_after_micros: int
 
 
 class Comparison(msgspec.Struct):
@@ -100,13 +105,22 @@ class WhatIfReply(msgspec.Struct):
     # equal to ``runs`` unless the replay and settlement disagree (then a few examples).
     reproduced: int
     not_reproduced_examples: list[str]
+    # Usage lines of a model without a provider cost (counted at no cost in the cost columns).
+    uncosted_lines: int
     total: Comparison
     customers: list[CustomerWhatIf]
     changes: list[OutcomeChange]
 
 
 def _amounts(position: Position) -> Amounts:
-    return Amounts(position.billed_micros, position.credited_micros, position.held_micros)
+    return Amounts(
+        position.billed_micros,
+        position.credited_micros,
+        position.held_micros,
+        position.provider_cost_micros,
+        position.credited_provider_cost_micros,
+        position.margin_after_micros,
+    )
 
 
 def whatif_reply(report: WhatIf) -> WhatIfReply:
@@ -116,6 +130,7 @@ def whatif_reply(report: WhatIf) -> WhatIfReply:
         runs=report.runs,
         reproduced=report.reproduced,
         not_reproduced_examples=report.not_reproduced,
+        uncosted_lines=report.uncosted_lines,
         total=Comparison(_amounts(report.total.current), _amounts(report.total.candidate)),
         customers=[
             CustomerWhatIf(_amounts(side.current), _amounts(side.candidate), customer)

@@ -160,6 +160,10 @@ WHAT_IF_COLUMNS = (
     "candidate_credited_micros",
     "held_micros",
     "candidate_held_micros",
+    "credited_provider_cost_micros",
+    "candidate_credited_provider_cost_micros",
+    "margin_after_micros",
+    "candidate_margin_after_micros",
 )
 
 
@@ -184,6 +188,7 @@ def what_if_command(
     click.echo(f"{report.runs} run(s) of {report.period}; {report.reproduced} reproduced")
     click.echo(
         "customer\tbilled now\tbilled then\tcredited now\tcredited then\theld now\theld then"
+        "\tprotection cost now\tprotection cost then\tmargin now\tmargin then"
     )
     rows = [*sorted(report.customers.items()), ("TOTAL", report.total)]
     for customer, side in rows:
@@ -195,6 +200,10 @@ def what_if_command(
             candidate.credited_micros,
             current.held_micros,
             candidate.held_micros,
+            current.credited_provider_cost_micros,
+            candidate.credited_provider_cost_micros,
+            current.margin_after_micros,
+            candidate.margin_after_micros,
         )
         click.echo("\t".join([customer, *map(str, figures)]))
     for (old, new), change in sorted(report.changes.items()):

@@ -30,6 +30,8 @@ from metering.policy.document import PolicyDocument
 from metering.policy.ending import ending_of_events
 from metering.policy.facts import PolicyConfig
 from metering.policy.support import SupportGrant, apply_support, covered_credit_micros
+from metering.prices import PROVIDER_COSTS, load_catalog
+from metering.pricing import PriceCatalog, TokenCounts, UnknownModelError
 from metering.settlement.repo import load_evidence
 from metering.statements.query import parse_period
 
@@ -50,18 +52,31 @@ ORDER BY r.customer_id, r.ended_at, r.id
 
 @dataclass
 class Position:
-    """What a period's runs come to: billed, credited, and held for review (unposted)."""
+    """What a period's runs come to: billed, credited, and held for review (unposted); and
+    what their usage cost the platform at the provider (the cost catalog), all of it and the
+    part in the lines credited — what protection costs. Margin after protection is billed
+    minus all of it."""
 
     billed_micros: int = 0
     credited_micros: int = 0
     held_micros: int = 0
+    provider_cost_micros: int = 0
+    credited_provider_cost_micros: int = 0
 
-    def add(self, outcome: str, gross: int, billed: int, credited: int) -> None:
+    @property
+    def margin_after_micros(self) -> int:
+        return self.billed_micros - self.provider_cost_micros
+
+    def add(
+        self, outcome: str, gross: int, billed: int, credited: int, cost: int, credited_cost: int
+    ) -> None:
+        self.provider_cost_micros += cost
         if outcome == HELD_FOR_REVIEW:
             self.held_micros += gross
         else:
             self.billed_micros += billed
             self.credited_micros += credited
+            self.credited_provider_cost_micros += credited_cost
 
 
 @dataclass
@@ -83,6 +98,8 @@ class WhatIf:
     runs: int = 0
     reproduced: int = 0  # runs whose replay under their own policy equals the stored decision
     not_reproduced: list[str] = field(default_factory=list)  # a few examples
+    # Usage lines of a model the cost catalog has no cost for (counted at no cost).
+    uncosted_lines: int = 0
     total: Side = field(default_factory=Side)
     customers: dict[str, Side] = field(default_factory=dict)
     changes: dict[tuple[str, str], Change] = field(default_factory=dict)
@@ -218,9 +235,11 @@ def replay_period(
     config = candidate.config()
     report = WhatIf(period, candidate)
     running: dict[str, _Running] = {}
+    costs = load_catalog(conn, PROVIDER_COSTS)
     for batch in _runs(conn, tenant, period):
         ids = [r.run_id for r in batch]
         evidence, grants = load_evidence(conn, ids), _grants(conn, ids)
+        line_costs = _line_costs(conn, ids, costs, report)
         for run in batch:
             state = running.setdefault(run.customer, _Running())
             facts = RunFacts(
@@ -233,7 +252,7 @@ def replay_period(
             own_made, own = _settle(run, facts, run_grants, configs[run.policy_version], own_period)
             new_period = _period(run, state, candidate=True)
             new_made, new = _settle(run, facts, run_grants, config, new_period)
-            _tally(report, run, own, new)
+            _tally(report, run, own, new, line_costs.get(run.run_id, {}))
             _advance(state, run, own_made, new_made)
     return report
 
@@ -266,7 +285,31 @@ def _advance(state: _Running, run: _Run, own: Decision, new: Decision) -> None:
     state.refund_delta += new_refund - stored_refund
 
 
-def _tally(report: WhatIf, run: _Run, own: Decision, new: Decision) -> None:
+USAGE_COSTED = """
+SELECT run_id, id, model, input_tokens, cached_input_tokens, output_tokens, time
+FROM usage_lines WHERE run_id = ANY(%(ids)s)
+"""
+
+
+def _line_costs(
+    conn: psycopg.Connection[Any], run_ids: list[int], costs: PriceCatalog, report: WhatIf
+) -> dict[int, dict[int, int]]:
+    """Run id → usage line id → what the line cost the platform (0, counted, if unknown)."""
+    found: dict[int, dict[int, int]] = {}
+    for run_id, line_id, model, inp, cached, out, at in conn.execute(
+        USAGE_COSTED, {"ids": run_ids}
+    ).fetchall():
+        try:
+            cost = costs.price_usage(model, TokenCounts(inp, cached, out), at).total_micros
+        except UnknownModelError:
+            cost, report.uncosted_lines = 0, report.uncosted_lines + 1
+        found.setdefault(run_id, {})[line_id] = cost
+    return found
+
+
+def _tally(
+    report: WhatIf, run: _Run, own: Decision, new: Decision, line_costs: dict[int, int]
+) -> None:
     report.runs += 1
     if _comparable(own) == run.stored:
         report.reproduced += 1
@@ -274,10 +317,20 @@ def _tally(report: WhatIf, run: _Run, own: Decision, new: Decision) -> None:
         report.not_reproduced.append(run.subject)
     side = report.customers.setdefault(run.customer, Side())
     outcome, billed, credited = run.stored[0], run.stored[1], run.stored[2]
+    cost = sum(line_costs.values())
+    was_credited = sum(line_costs.get(i, 0) for i in run.stored[3])
+    now_credited = sum(line_costs.get(i, 0) for i in new.credited_line_ids)
     for position in (side.current, report.total.current):
-        position.add(outcome, run.gross_micros, billed, credited)
+        position.add(outcome, run.gross_micros, billed, credited, cost, was_credited)
     for position in (side.candidate, report.total.candidate):
-        position.add(new.outcome, run.gross_micros, new.billed_micros, new.credited_micros)
+        position.add(
+            new.outcome,
+            run.gross_micros,
+            new.billed_micros,
+            new.credited_micros,
+            cost,
+            now_credited,
+        )
     if new.outcome != outcome:
         change = report.changes.setdefault((outcome, new.outcome), Change())
         change.runs += 1

@@ -80,7 +80,11 @@ def test_the_cli_sets_shows_and_diffs_policy_versions(engine, settings, db, tmp_
     total = [int(figure) for figure in lines[-2].split("\t")[1:]]
     gross = total[2]  # all credited in force, all billed under the candidate, none held
     assert lines[-2].startswith("TOTAL\t") and gross > 0
-    assert total == [0, gross, gross, 0, 0, 0]
+    cost = -total[-2]  # margin now = billed (0) - provider cost
+    assert total[:6] == [0, gross, gross, 0, 0, 0]
+    # Protection cost: the credited line's provider cost now (60 % of its price in the
+    # test catalog), none under the candidate; margin = billed - provider cost.
+    assert total[6:] == [cost, 0, -cost, gross - cost] and 0 < cost < gross
     assert lines[-1] == "refunded → confirmed: 1 run(s), e.g. drop"
     missing = cli("diff", "--tenant", tenant, "--to", "9")
     assert missing.returncode != 0 and "policy_version_not_found" in missing.stderr

@@ -19,6 +19,7 @@ from metering.keys import Principal, Scope
 from metering.policies.defaults import settings_policy
 from metering.policies.versions import create_version
 from metering.policy.document import parse_policy
+from metering.protection.query import protection_report
 from metering.settlement import replay
 from metering.settlement.runner import settle_due_now
 from tests.helpers.events import event
@@ -122,3 +123,21 @@ def test_replay_reproduces_every_stored_decision_and_prices_a_candidate(engine, 
     change = generous.changes[("held_for_review", "refunded")]
     assert 0 < len(change.examples) <= min(change.runs, 5)
     assert db.execute("SELECT count(*) FROM decisions").fetchone() == decisions_before
+
+    # The cost columns: what the usage cost at the provider is the cost-of-protection
+    # report's figure (one catalog), the same under both policies; what the credited lines
+    # cost moves with what is credited; margin after protection is billed minus cost.
+    with raw_transaction(engine) as conn:
+        decided = protection_report(conn, tenant, period)
+    for side in (same.total.current, same.total.candidate, generous.total.candidate):
+        assert side.provider_cost_micros == decided.total.cost_micros > 0
+        assert side.margin_after_micros == side.billed_micros - side.provider_cost_micros
+    assert same.uncosted_lines == 0
+    # The test catalog's costs are 60 % of its prices, and a credited line is credited
+    # whole: protection cost 60 % of what was credited (each line's cost rounded alone).
+    for side in (same.total.current, same.total.candidate, generous.total.candidate):
+        assert abs(side.credited_provider_cost_micros * 5 - side.credited_micros * 3) <= 5 * 60
+    assert 0 < same.total.current.credited_provider_cost_micros < same.total.current.credited_micros
+    assert generous.total.candidate.credited_provider_cost_micros > (
+        generous.total.current.credited_provider_cost_micros
+    )
