@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
-from anyio import to_thread
 from litestar import Request, get, post
 from litestar.datastructures import State
 from litestar.params import FromPath, Parameter
 
+from api.admin import as_admin, shared_options
 from api.openapi_docs import AUTHENTICATED, keys, problems
 from api.policy_wire import (
     PolicyChange,
@@ -23,7 +22,6 @@ from api.policy_wire import (
     whatif_reply,
 )
 from api.services import Services
-from api.webhooks import _options
 from metering.db import raw_transaction
 from metering.errors import FieldError, not_found, validation_error
 from metering.keys import Principal, Scope
@@ -31,17 +29,8 @@ from metering.policies import versions
 from metering.policies.defaults import settings_policy
 from metering.settlement.replay import what_if
 
-T = TypeVar("T")
 ADMIN = keys(Scope.ADMIN)
 MAX_VERSION = 2**31 - 1  # the column is an INTEGER
-
-
-async def _as_admin(
-    request: Request[Any, Any, Any], state: State, work: Callable[[Services, Principal], T]
-) -> T:
-    services: Services = state.services
-    principal = services.authenticate(request, Scope.ADMIN)
-    return await to_thread.run_sync(work, services, principal)
 
 
 def _now() -> datetime:
@@ -99,7 +88,7 @@ async def create_policy(
         started = made.effective_from is not None and made.effective_from <= now
         return policy_reply(made, in_force=started)
 
-    return await _as_admin(request, state, work)
+    return await as_admin(request, state, work)
 
 
 @get(
@@ -117,7 +106,7 @@ async def list_policies(request: Request[Any, Any, Any], state: State) -> list[P
         current = versions.in_force_at(found, _now())
         return [policy_reply(v, in_force=v.version == current) for v in found]
 
-    return await _as_admin(request, state, work)
+    return await as_admin(request, state, work)
 
 
 @get(
@@ -145,7 +134,7 @@ async def diff_policies(
             )
         return PolicyDiffReply(old, new, [PolicyChange(*change) for change in changes])
 
-    return await _as_admin(request, state, work)
+    return await as_admin(request, state, work)
 
 
 @get(
@@ -168,7 +157,7 @@ async def get_policy(
             raise not_found(f"no policy version {version}", code="policy_version_not_found")
         return policy_reply(wanted[0], in_force=version == current)
 
-    return await _as_admin(request, state, work)
+    return await as_admin(request, state, work)
 
 
 @post(
@@ -190,11 +179,11 @@ async def policy_what_if(
             )
         return whatif_reply(report)
 
-    return await _as_admin(request, state, work)
+    return await as_admin(request, state, work)
 
 
 POLICY_HANDLERS = [
-    _options("/v1/policies"),
+    shared_options("/v1/policies"),
     create_policy,
     list_policies,
     diff_policies,

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
-from anyio import to_thread
-from litestar import Request, Response, delete, get, patch, post, route
+from litestar import Request, delete, get, patch, post
 from litestar.datastructures import State
-from litestar.enums import HttpMethod
 from litestar.params import FromPath
-from litestar.routes import HTTPRoute
 
+from api.admin import as_admin, shared_options
 from api.openapi_docs import AUTHENTICATED, keys, problems
 from api.services import Services
 from api.webhook_wire import (
@@ -35,17 +32,8 @@ from metering.errors import FieldError, validation_error
 from metering.keys import Principal, Scope
 from metering.webhooks import endpoints, log
 
-T = TypeVar("T")
 ADMIN = keys(Scope.ADMIN)
 ENDPOINT = "/v1/webhooks/endpoints/{endpoint_id:str}"
-
-
-async def _as_admin(
-    request: Request[Any, Any, Any], state: State, work: Callable[[Services, Principal], T]
-) -> T:
-    services: Services = state.services
-    principal = services.authenticate(request, Scope.ADMIN)
-    return await to_thread.run_sync(work, services, principal)
 
 
 def _now() -> datetime:
@@ -82,7 +70,7 @@ async def create_endpoint(
             view, secret = endpoints.create_endpoint(conn, principal, spec, services.settings)
         return endpoint_created(view, secret)
 
-    return await _as_admin(request, state, work)
+    return await as_admin(request, state, work)
 
 
 @get(
@@ -97,7 +85,7 @@ async def list_endpoints(request: Request[Any, Any, Any], state: State) -> list[
         with raw_transaction(services.engine) as conn:
             return [endpoint_reply(v) for v in endpoints.list_endpoints(conn, principal)]
 
-    return await _as_admin(request, state, work)
+    return await as_admin(request, state, work)
 
 
 @get(
@@ -114,7 +102,7 @@ async def get_endpoint(
         with raw_transaction(services.engine) as conn:
             return endpoint_reply(endpoints.get_endpoint(conn, principal, endpoint_id))
 
-    return await _as_admin(request, state, work)
+    return await as_admin(request, state, work)
 
 
 @patch(
@@ -136,7 +124,7 @@ async def update_endpoint(
             )
         return endpoint_reply(view)
 
-    return await _as_admin(request, state, work)
+    return await as_admin(request, state, work)
 
 
 @delete(
@@ -153,7 +141,7 @@ async def delete_endpoint(
         with raw_transaction(services.engine) as conn:
             endpoints.delete_endpoint(conn, principal, endpoint_id)
 
-    await _as_admin(request, state, work)
+    await as_admin(request, state, work)
 
 
 @post(
@@ -174,7 +162,7 @@ async def rotate_secret(
             )
         return SecretRotated(view.id, secret, view.previous_secret_expires_at)
 
-    return await _as_admin(request, state, work)
+    return await as_admin(request, state, work)
 
 
 @get(
@@ -199,7 +187,7 @@ async def list_deliveries(
             )
         return delivery_page_reply(page)
 
-    return await _as_admin(request, state, work)
+    return await as_admin(request, state, work)
 
 
 @post(
@@ -218,7 +206,7 @@ async def redeliver_message(
             view = log.redeliver_message(conn, principal, message_id, _now())
         return delivery_reply(view)
 
-    return await _as_admin(request, state, work)
+    return await as_admin(request, state, work)
 
 
 @post(
@@ -238,39 +226,12 @@ async def redeliver_since(
             count = log.redeliver_since(conn, principal, endpoint_id, since, _now())
         return Requeued(count)
 
-    return await _as_admin(request, state, work)
-
-
-def _options(path: str) -> Any:
-    """OPTIONS for a path that several handlers share, answering with all their methods.
-
-    Litestar 2 makes the OPTIONS handler when the first handler of a path is registered
-    and never updates its ``Allow`` (litestar-org/litestar#4169, fixed in 3.0): a client
-    asking what ``/v1/webhooks/endpoints`` allows was told POST only. This one reads the
-    route as finally built."""
-
-    def allow(request: Request[Any, Any, Any]) -> Response[None]:
-        template = request.scope.get("path_template")
-        methods = {
-            method
-            for r in request.app.routes
-            if isinstance(r, HTTPRoute) and r.path_format == template
-            for method in r.methods
-        }
-        return Response(None, status_code=204, headers={"Allow": ", ".join(sorted(methods))})
-
-    return route(
-        path,
-        http_method=[HttpMethod.OPTIONS],
-        include_in_schema=False,
-        sync_to_thread=False,
-        name=f"options:{path}",
-    )(allow)
+    return await as_admin(request, state, work)
 
 
 WEBHOOK_HANDLERS = [
-    _options("/v1/webhooks/endpoints"),
-    _options(ENDPOINT),
+    shared_options("/v1/webhooks/endpoints"),
+    shared_options(ENDPOINT),
     create_endpoint,
     list_endpoints,
     get_endpoint,

@@ -14,7 +14,7 @@ from metering.webhooks.fanout import fan_out_pending
 from reconciler.webhook_sender import WebhookSender
 from tests.helpers.webhooks import Receiver, add_endpoint, notify, wait_for
 
-TIMEOUT_S = 4.0
+TIMEOUT_S = 6.0  # the margin a loaded host needs: the healthy send must beat half of it
 
 
 def now() -> datetime:
