@@ -42,7 +42,7 @@ from metering.keys_repo import ensure_tenant  # noqa: E402
 from metering.migrate import upgrade  # noqa: E402
 from metering.policies.defaults import settings_policy  # noqa: E402
 from metering.policy.document import parse_policy  # noqa: E402
-from metering.prices import insert_prices, read_catalog_file  # noqa: E402
+from metering.prices import PROVIDER_COSTS, insert_prices, read_catalog_file  # noqa: E402
 from metering.settlement.replay import replay_period  # noqa: E402
 from metering.settlement.runner import settle_due_now  # noqa: E402
 
@@ -75,6 +75,8 @@ def prepare(server_url: str) -> str:
     upgrade(url)
     with psycopg.connect(url) as conn:
         insert_prices(conn, read_catalog_file())
+        costs = read_catalog_file(kind=PROVIDER_COSTS)
+        insert_prices(conn, costs, PROVIDER_COSTS)
         ensure_tenant(conn, base.TENANT)
     return url
 
