@@ -9,7 +9,7 @@ from litestar import Request, get, post
 from litestar.datastructures import State
 from litestar.params import FromPath, Parameter
 
-from api.admin import as_admin, shared_options
+from api.admin import as_admin, rfc3339, shared_options
 from api.openapi_docs import AUTHENTICATED, keys, problems
 from api.policy_wire import (
     PolicyChange,
@@ -23,7 +23,7 @@ from api.policy_wire import (
 )
 from api.services import Services
 from metering.db import raw_transaction
-from metering.errors import FieldError, not_found, validation_error
+from metering.errors import not_found
 from metering.keys import Principal, Scope
 from metering.policies import versions
 from metering.policies.defaults import settings_policy
@@ -35,24 +35,6 @@ MAX_VERSION = 2**31 - 1  # the column is an INTEGER
 
 def _now() -> datetime:
     return datetime.now(UTC)
-
-
-def _rfc3339(text: str | None) -> datetime | None:
-    if text is None:
-        return None
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        moment = None
-    if moment is None or moment.tzinfo is None:
-        raise validation_error(
-            [
-                FieldError(
-                    "$.effective_from", "invalid_time", "an RFC 3339 time with its zone, e.g. …Z"
-                )
-            ]
-        )
-    return moment
 
 
 def _known(version: int) -> int:
@@ -73,6 +55,12 @@ async def create_policy(
     request: Request[Any, Any, Any], data: PolicyCreate, state: State
 ) -> PolicyReply:
     def work(services: Services, principal: Principal) -> PolicyReply:
+        # Read after the key is checked: a request without one is 401, whatever its body.
+        start = (
+            None
+            if data.effective_from is None
+            else rfc3339(data.effective_from, "$.effective_from")
+        )
         now = _now()
         with raw_transaction(services.engine) as conn:
             made = versions.create_version(
@@ -82,7 +70,7 @@ async def create_policy(
                 created_by=principal.key_id,
                 now=now,
                 defaults=settings_policy(services.settings),
-                effective_from=_rfc3339(data.effective_from),
+                effective_from=start,
                 note=data.note,
             )
         started = made.effective_from is not None and made.effective_from <= now
