@@ -5,11 +5,13 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from litestar import Request, get, post
+from litestar import Request, Response, get, post
 from litestar.datastructures import State
-from litestar.params import FromPath, Parameter
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.params import FromPath, FromQuery, Parameter
 
 from api.admin import as_admin, rfc3339, shared_options
+from api.downloads import wants_csv
 from api.openapi_docs import AUTHENTICATED, keys, problems
 from api.policy_wire import (
     PolicyChange,
@@ -18,7 +20,9 @@ from api.policy_wire import (
     PolicyReply,
     WhatIfReply,
     WhatIfRequest,
+    csv_table,
     policy_reply,
+    whatif_download,
     whatif_reply,
 )
 from api.services import Services
@@ -154,18 +158,35 @@ async def get_policy(
     tags=["policies"],
     summary="Replay a period's settled runs under a candidate policy; writes nothing",
     security=ADMIN,
-    responses=problems(*AUTHENTICATED, 413, 422),
+    responses={
+        200: ResponseSpec(
+            WhatIfReply,
+            description="JSON; text/csv with format=csv (table=changes: the outcome changes)",
+        ),
+        **problems(*AUTHENTICATED, 413, 422),
+    },
 )
 async def policy_what_if(
-    request: Request[Any, Any, Any], data: WhatIfRequest, state: State
-) -> WhatIfReply:
-    def work(services: Services, principal: Principal) -> WhatIfReply:
+    request: Request[Any, Any, Any],
+    data: WhatIfRequest,
+    state: State,
+    format: FromQuery[str] = "json",
+    table: FromQuery[str] = "customers",
+) -> Response[Any]:
+    """JSON by default; CSV (docs/policies.md) for ``format=csv`` or ``Accept: text/csv``:
+    a row per customer and a total row, or with ``table=changes`` the outcome changes."""
+
+    def work(services: Services, principal: Principal) -> Response[Any]:
+        as_csv = wants_csv(request, format)
+        chosen = csv_table(table)
         defaults = settings_policy(services.settings)
         with raw_transaction(services.engine) as conn:
             report = what_if(
                 conn, principal.tenant_id, data.period, data.document, defaults, _now()
             )
-        return whatif_reply(report)
+        if as_csv:
+            return whatif_download(report, chosen)
+        return Response(whatif_reply(report))
 
     return await as_admin(request, state, work)
 
