@@ -11,11 +11,15 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 import uuid
 from urllib.parse import quote
 
 import amqp
 
+# Restarting the node drops every client of the machine's broker, not only a test's: only
+# where the broker is the tests' own (``.ci/run`` sets this when it started RabbitMQ).
+RESTART_ALLOWED = os.environ.get("FAIRMETER_TEST_RABBITMQ_RESTART") == "1"
 HOST = os.environ.get("FAIRMETER_TEST_RABBITMQ_HOST", "127.0.0.1:5672")
 USER = os.environ.get("FAIRMETER_TEST_RABBITMQ_USER", "guest")
 PASSWORD = os.environ.get("FAIRMETER_TEST_RABBITMQ_PASSWORD", "guest")
@@ -43,6 +47,17 @@ def rabbitmqctl(*argv: str, timeout_s: float = 60) -> str:
     if done.returncode != 0:
         raise RuntimeError(f"rabbitmqctl {' '.join(argv)}: {done.stderr or done.stdout}")
     return done.stdout
+
+
+def restart_node(down_s: float = 3.0) -> None:
+    """Stop the RabbitMQ application of the node, leave it down ``down_s``, start it again
+    and wait until it serves: quorum queues recover their messages from their Raft logs."""
+    rabbitmqctl("stop_app", timeout_s=120)
+    try:
+        time.sleep(down_s)
+    finally:
+        rabbitmqctl("start_app", timeout_s=180)
+        rabbitmqctl("await_startup", timeout_s=180)
 
 
 class RabbitVhost:

@@ -20,12 +20,13 @@ from datetime import UTC, datetime, timedelta
 
 import amqp
 import httpx
+import pytest
 
 from reconciler.broker import DEAD_LETTER_QUEUE, TASK_QUEUE
 from reconciler.celery_app import create_celery
 from tests.helpers.ingest import ingest
 from tests.helpers.processes import wait_until
-from tests.helpers.rabbitmq import HOST, PASSWORD, USER
+from tests.helpers.rabbitmq import HOST, PASSWORD, RESTART_ALLOWED, USER, restart_node
 from tests.reliability.books import Workload, all_settled, check_books, settled_runs
 from tests.reliability.faults import children_in_transaction, customers_locked
 from tests.reliability.poison import POISON_TASK
@@ -84,9 +85,16 @@ def queued(vhost) -> int:
     return ready
 
 
-def test_connections_closed_with_tasks_queued_lose_no_message_and_ingest_keeps_answering(
-    settings, db, make_key, private_redis, rabbit_vhost, stack
+@pytest.mark.parametrize("fault", ["connections-closed", "node-restart"])
+def test_broker_restart_with_tasks_queued_loses_no_message_and_ingest_keeps_answering(
+    fault, settings, db, make_key, private_redis, rabbit_vhost, stack
 ):
+    """``connections-closed``: the broker closes every connection of the test's vhost, what
+    its clients see of a restart (safe on a broker other sessions share).
+    ``node-restart``: ``rabbitmqctl stop_app`` / ``start_app``, only where the broker is the
+    tests' own (``FAIRMETER_TEST_RABBITMQ_RESTART=1``, set by ``.ci/run`` when it started it)."""
+    if fault == "node-restart" and not RESTART_ALLOWED:
+        pytest.skip("restarts the machine's shared RabbitMQ: set FAIRMETER_TEST_RABBITMQ_RESTART=1")
     first = Workload.make(300, 30, START, prefix="queued")
     during = Workload.make(200, 20, START, prefix="outage")
     env = stack.env(
@@ -107,10 +115,13 @@ def test_connections_closed_with_tasks_queued_lose_no_message_and_ingest_keeps_a
             timeout_s=30,
         ), "the worker children never took a chunk"
         waiting = queued(rabbit_vhost)
-        rabbit_vhost.close_all_connections()
         outage = stack.ingest(api, key, during.batches(10), phase="outage").start()
+        if fault == "node-restart":
+            restart_node()
+        else:
+            rabbit_vhost.close_all_connections()
         # Deliveries of the closed connections go back to the queue: nothing is lost.
-        after_close = queued(rabbit_vhost)
+        after_close = queued_once_answering(rabbit_vhost)
         readyz = httpx.get(f"{api}/readyz", timeout=10).status_code
         outage.phase = "after"
     assert outage.join(60), "ingest did not deliver every batch"
@@ -118,14 +129,27 @@ def test_connections_closed_with_tasks_queued_lose_no_message_and_ingest_keeps_a
     assert wait_until(lambda: all_settled(db, 500), timeout_s=120), f"{settled_runs(db)}/500"
     reconnected = stack.log("worker").count("Connected to amqp://")
     print(
-        f"\n[faults] rabbitmq connections closed: {waiting} messages waiting, {after_close} "
-        f"in the queue right after (the two unacked returned); worker connected "
-        f"{reconnected}x; readyz {readyz}; ingest {outage.statuses('outage')}"
+        f"\n[faults] rabbitmq {fault}: {waiting} messages waiting before, {after_close} "
+        f"ready right after; worker connected {reconnected}x; readyz {readyz}; ingest "
+        f"during the fault {outage.statuses('outage')}"
     )
     assert waiting >= 5 and after_close >= waiting
     assert reconnected >= 2, "the worker never reconnected"
     assert readyz == 200  # the API does not depend on the broker
     check_books(db, Workload({**first.kinds, **during.kinds}, first.events + during.events))
+
+
+def queued_once_answering(vhost, timeout_s: float = 60) -> int:
+    """The queue's ready messages, asked until the broker answers (a restarted node takes a
+    moment to elect the quorum queue's leader)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return queued(vhost)
+        except (OSError, amqp.exceptions.AMQPError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def test_poison_task_goes_to_the_dead_letter_queue_after_the_delivery_limit(
