@@ -16,6 +16,7 @@ from metering.config import Settings, WeakPepperError, load_settings, require_st
 from metering.heap import freeze_startup_heap
 from reconciler.broker import TASK_SOFT_TIME_LIMIT_S, TASK_TIME_LIMIT_S, broker_conf
 
+
 def create_celery(settings: Settings | None = None) -> Celery:
     settings = settings or load_settings()
     app = Celery("fairmeter", broker=settings.task_broker_url, include=["reconciler.tasks"])

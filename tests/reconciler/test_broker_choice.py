@@ -33,9 +33,7 @@ def test_the_broker_defaults_to_redis_with_its_visibility_timeout(monkeypatch):
 
 
 @pytest.mark.parametrize("variable", ["CELERY_BROKER_URL", "FAIRMETER_BROKER_URL"])
-def test_an_amqp_broker_url_puts_tasks_on_a_quorum_queue_with_a_dead_letter(
-    monkeypatch, variable
-):
+def test_an_amqp_broker_url_puts_tasks_on_a_quorum_queue_with_a_dead_letter(monkeypatch, variable):
     settings = settings_from(
         monkeypatch, **{variable: AMQP, "FAIRMETER_BROKER_DELIVERY_LIMIT": "7"}
     )

@@ -163,9 +163,8 @@ def test_poison_task_goes_to_the_dead_letter_queue_after_the_delivery_limit(
         FAIRMETER_BROKER_DELIVERY_LIMIT=str(limit),
     )
     stack.worker(env, include="tests.reliability.poison")
-    client = create_celery(
-        settings.model_copy(update={"broker_url": rabbit_vhost.url(), "broker_delivery_limit": limit})
-    )
+    update = {"broker_url": rabbit_vhost.url(), "broker_delivery_limit": limit}
+    client = create_celery(settings.model_copy(update=update))
     try:
         poisoned = client.send_task(POISON_TASK).id
         assert wait_until(lambda: rabbit_vhost.depth(DEAD_LETTER_QUEUE)[0] == 1, timeout_s=90), (
