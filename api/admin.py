@@ -1,10 +1,12 @@
 """What the admin-only resources share at the HTTP edge: authenticate an admin key, then
-run the use case off the event loop; and an OPTIONS answer for paths several handlers share.
+run the use case off the event loop; read a time field; and an OPTIONS answer for paths
+several handlers share.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any, TypeVar
 
 from anyio import to_thread
@@ -14,6 +16,7 @@ from litestar.enums import HttpMethod
 from litestar.routes import HTTPRoute
 
 from api.services import Services
+from metering.errors import FieldError, validation_error
 from metering.keys import Principal, Scope
 
 T = TypeVar("T")
@@ -26,6 +29,23 @@ async def as_admin(
     services: Services = state.services
     principal = services.authenticate(request, Scope.ADMIN)
     return await to_thread.run_sync(work, services, principal)
+
+
+def rfc3339(text: str, path: str) -> datetime:
+    """``text`` as an aware moment; 422 naming ``path`` for anything else (a time without
+    its zone too: read as the server's local time it would silently shift by hours).
+
+    One parser for every admin body's time field; whether the field may be left out is
+    the caller's to say (it passes only the text it has)."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        raise validation_error(
+            [FieldError(path, "invalid_time", "an RFC 3339 time with its zone, e.g. …Z")]
+        )
+    return moment
 
 
 def shared_options(path: str) -> Any:

@@ -5,11 +5,13 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from litestar import Request, get, post
+from litestar import Request, Response, get, post
 from litestar.datastructures import State
-from litestar.params import FromPath, Parameter
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.params import FromPath, FromQuery, Parameter
 
-from api.admin import as_admin, shared_options
+from api.admin import as_admin, rfc3339, shared_options
+from api.downloads import wants_csv
 from api.openapi_docs import AUTHENTICATED, keys, problems
 from api.policy_wire import (
     PolicyChange,
@@ -18,12 +20,14 @@ from api.policy_wire import (
     PolicyReply,
     WhatIfReply,
     WhatIfRequest,
+    csv_table,
     policy_reply,
+    whatif_download,
     whatif_reply,
 )
 from api.services import Services
 from metering.db import raw_transaction
-from metering.errors import FieldError, not_found, validation_error
+from metering.errors import not_found
 from metering.keys import Principal, Scope
 from metering.policies import versions
 from metering.policies.defaults import settings_policy
@@ -36,24 +40,6 @@ MAX_VERSION = 2**31 - 1  # the column is an INTEGER
 
 def _now() -> datetime:
     return datetime.now(UTC)
-
-
-def _rfc3339(text: str | None) -> datetime | None:
-    if text is None:
-        return None
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        moment = None
-    if moment is None or moment.tzinfo is None:
-        raise validation_error(
-            [
-                FieldError(
-                    "$.effective_from", "invalid_time", "an RFC 3339 time with its zone, e.g. …Z"
-                )
-            ]
-        )
-    return moment
 
 
 def _known(version: int) -> int:
@@ -74,6 +60,12 @@ async def create_policy(
     request: Request[Any, Any, Any], data: PolicyCreate, state: State
 ) -> PolicyReply:
     def work(services: Services, principal: Principal) -> PolicyReply:
+        # Read after the key is checked: a request without one is 401, whatever its body.
+        start = (
+            None
+            if data.effective_from is None
+            else rfc3339(data.effective_from, "$.effective_from")
+        )
         now = _now()
         with raw_transaction(services.engine) as conn:
             made = versions.create_version(
@@ -83,7 +75,7 @@ async def create_policy(
                 created_by=principal.key_id,
                 now=now,
                 defaults=settings_policy(services.settings),
-                effective_from=_rfc3339(data.effective_from),
+                effective_from=start,
                 note=data.note,
             )
         started = made.effective_from is not None and made.effective_from <= now
@@ -167,12 +159,27 @@ async def get_policy(
     tags=["policies"],
     summary="Replay a period's settled runs under a candidate policy; writes nothing",
     security=ADMIN,
-    responses=problems(*AUTHENTICATED, 413, 422),
+    responses={
+        200: ResponseSpec(
+            WhatIfReply,
+            description="JSON; text/csv with format=csv (table=changes: the outcome changes)",
+        ),
+        **problems(*AUTHENTICATED, 413, 422),
+    },
 )
 async def policy_what_if(
-    request: Request[Any, Any, Any], data: WhatIfRequest, state: State
-) -> WhatIfReply:
-    def work(services: Services, principal: Principal) -> WhatIfReply:
+    request: Request[Any, Any, Any],
+    data: WhatIfRequest,
+    state: State,
+    format: FromQuery[str] = "json",
+    table: FromQuery[str] = "customers",
+) -> Response[Any]:
+    """JSON by default; CSV (docs/policies.md) for ``format=csv`` or ``Accept: text/csv``:
+    a row per customer and a total row, or with ``table=changes`` the outcome changes."""
+
+    def work(services: Services, principal: Principal) -> Response[Any]:
+        as_csv = wants_csv(request, format)
+        chosen = csv_table(table)
         defaults = settings_policy(services.settings)
         with raw_transaction(services.engine) as conn:
             report = what_if(
@@ -184,7 +191,9 @@ async def policy_what_if(
                 _now(),
                 Parallelism.of(services.settings),
             )
-        return whatif_reply(report)
+        if as_csv:
+            return whatif_download(report, chosen)
+        return Response(whatif_reply(report))
 
     return await as_admin(request, state, work)
 

@@ -6,9 +6,16 @@ from datetime import datetime
 from typing import Annotated, Any
 
 import msgspec
+from litestar import Response
 
+from api.downloads import csv_download
+from metering.errors import FieldError, validation_error
 from metering.policies.versions import PolicyVersion
 from metering.settlement.replay import Position, WhatIf
+from metering.settlement.whatif_export import changes_csv, whatif_csv
+
+# The what-if's CSV tables (metering/settlement/whatif_export.py), one file each.
+CSV_TABLES = ("customers", "changes")
 
 
 class PolicyCreate(msgspec.Struct, forbid_unknown_fields=True):
@@ -145,3 +152,19 @@ def whatif_reply(report: WhatIf) -> WhatIfReply:
             for (old, new), change in sorted(report.changes.items())
         ],
     )
+
+
+def csv_table(table: str) -> str:
+    """The CSV table asked for; 422 on ``$.table`` for another (checked before replaying)."""
+    if table not in CSV_TABLES:
+        raise validation_error(
+            [FieldError("$.table", "invalid_table", "table is customers or changes")]
+        )
+    return table
+
+
+def whatif_download(report: WhatIf, table: str) -> Response[str]:
+    """The what-if as a CSV attachment: the customers and total, or the outcome changes."""
+    if table == "changes":
+        return csv_download(changes_csv(report), f"what-if-{report.period}-changes.csv")
+    return csv_download(whatif_csv(report), f"what-if-{report.period}.csv")

@@ -15,17 +15,14 @@ from litestar import Request, Response, get
 from litestar.datastructures import State
 from litestar.openapi.datastructures import ResponseSpec
 
+from api.downloads import csv_download, wants_csv
 from api.openapi_docs import AUTHENTICATED, keys, problems
 from api.services import Services
-from api.statements import attachment
 from metering.db import raw_transaction
-from metering.errors import FieldError, validation_error
 from metering.keys import Principal, Scope
 from metering.protection.export import report_csv, report_document
 from metering.protection.report import ProtectionReport
 from metering.protection.service import report_for
-
-FORMATS = ("json", "csv")
 
 
 class FiguresReply(msgspec.Struct):
@@ -80,21 +77,11 @@ async def get_protection_report(
     """JSON by default; CSV for ``format=csv`` or ``Accept: text/csv``."""
     services: Services = state.services
     principal = services.authenticate(request, Scope.ADMIN)
-    if format not in FORMATS:
-        raise validation_error([FieldError("$.format", "invalid_format", "format is json or csv")])
+    as_csv = wants_csv(request, format)
     report = await to_thread.run_sync(_report, services, principal, period)
-    if format == "csv" or ("format" not in request.query_params and _wants_csv(request)):
-        return Response(
-            report_csv(report),
-            media_type="text/csv",
-            headers={"content-disposition": attachment(f"protection-{report.period}.csv")},
-        )
+    if as_csv:
+        return csv_download(report_csv(report), f"protection-{report.period}.csv")
     return Response(msgspec.convert(report_document(report), ProtectionReply))
-
-
-def _wants_csv(request: Request[Any, Any, Any]) -> bool:
-    accept = request.headers.get("accept", "")
-    return "text/csv" in accept and "application/json" not in accept
 
 
 def _report(services: Services, principal: Principal, period: str) -> ProtectionReport:

@@ -9,7 +9,7 @@ from litestar import Request, delete, get, patch, post
 from litestar.datastructures import State
 from litestar.params import FromPath
 
-from api.admin import as_admin, shared_options
+from api.admin import as_admin, rfc3339, shared_options
 from api.openapi_docs import AUTHENTICATED, keys, problems
 from api.services import Services
 from api.webhook_wire import (
@@ -28,7 +28,6 @@ from api.webhook_wire import (
     endpoint_reply,
 )
 from metering.db import raw_transaction
-from metering.errors import FieldError, validation_error
 from metering.keys import Principal, Scope
 from metering.webhooks import endpoints, log
 
@@ -38,18 +37,6 @@ ENDPOINT = "/v1/webhooks/endpoints/{endpoint_id:str}"
 
 def _now() -> datetime:
     return datetime.now(UTC)
-
-
-def _rfc3339(text: str) -> datetime:
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        moment = None
-    if moment is None or moment.tzinfo is None:
-        raise validation_error(
-            [FieldError("$.since", "invalid_time", "an RFC 3339 time with its zone, e.g. …Z")]
-        )
-    return moment
 
 
 @post(
@@ -221,7 +208,7 @@ async def redeliver_since(
     request: Request[Any, Any, Any], endpoint_id: FromPath[str], data: RedeliverSince, state: State
 ) -> Requeued:
     def work(services: Services, principal: Principal) -> Requeued:
-        since = _rfc3339(data.since)
+        since = rfc3339(data.since, "$.since")
         with raw_transaction(services.engine) as conn:
             count = log.redeliver_since(conn, principal, endpoint_id, since, _now())
         return Requeued(count)

@@ -20,8 +20,10 @@ from metering.errors import MeteringError
 from metering.policies import versions
 from metering.policies.defaults import settings_policy
 from metering.policies.versions import PolicyVersion
+from metering.settlement.replay import WhatIf
 from metering.settlement.replay_shards import Parallelism
 from metering.settlement.whatif import what_if
+from metering.settlement.whatif_export import changes_csv, whatif_csv
 
 
 def _header(version: PolicyVersion, current: int) -> str:
@@ -173,8 +175,22 @@ WHAT_IF_COLUMNS = (
 @click.option("--period", required=True, help="YYYY-MM or 'current'.")
 @click.option("--policy", "file", help="A candidate JSON policy document ('-': stdin).")
 @click.option("--set", "assignments", multiple=True, help="FIELD=VALUE over the latest version.")
+@click.option(
+    "--csv", "as_csv", is_flag=True, help="CSV as the API's: a row per customer and a total row."
+)
+@click.option(
+    "--table",
+    type=click.Choice(["customers", "changes"]),
+    default="customers",
+    help="With --csv: the customers (default) or the outcome changes.",
+)
 def what_if_command(
-    tenant: str, period: str, file: str | None, assignments: tuple[str, ...]
+    tenant: str,
+    period: str,
+    file: str | None,
+    assignments: tuple[str, ...],
+    as_csv: bool,
+    table: str,
 ) -> None:
     """Replay the period's settled runs under a candidate policy; writes nothing."""
     document = _document(file, assignments)
@@ -192,6 +208,15 @@ def what_if_command(
             )
     except MeteringError as error:
         raise _fail(error) from None
+    if as_csv:
+        text = changes_csv(report) if table == "changes" else whatif_csv(report)
+        click.echo(text, nl=False)
+    else:
+        _print_what_if(report)
+
+
+def _print_what_if(report: WhatIf) -> None:
+    """The what-if for a person: a line, tab-separated micros per customer, the changes."""
     click.echo(
         f"{report.runs} run(s) of {report.period}; "
         f"{report.reproduced} of {report.checked} checked reproduced"

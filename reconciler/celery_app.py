@@ -1,7 +1,7 @@
-"""The Celery application: Redis broker, settings chosen for at-least-once, idempotent tasks.
+"""The Celery application: settings chosen for at-least-once, idempotent tasks.
 
 Tasks re-check the database before acting, so acks-late redelivery is safe; results are
-never stored (nothing reads them).
+never stored (nothing reads them). The broker is Redis or RabbitMQ (reconciler/broker.py).
 """
 
 from __future__ import annotations
@@ -14,38 +14,26 @@ from celery.signals import beat_init, worker_init, worker_process_init
 
 from metering.config import Settings, WeakPepperError, load_settings, require_strong_pepper
 from metering.heap import freeze_startup_heap
-
-TASK_SOFT_TIME_LIMIT_S = 120
-TASK_TIME_LIMIT_S = 150
-
-
-def transport_options(settings: Settings) -> dict[str, int]:
-    """Redelivery happens only after the visibility timeout: by default above every task's
-    hard limit. A test may set it lower; then unacknowledged messages are also looked for
-    every half timeout (kombu's default scan runs only every 100 s)."""
-    timeout = settings.broker_visibility_timeout_s
-    if timeout is None:
-        return {"visibility_timeout": TASK_TIME_LIMIT_S * 4}
-    return {
-        "visibility_timeout": timeout,
-        "unacked_restore_interval": max(1, timeout // 2),
-        "unacked_restore_throttle": 1,
-    }
+from reconciler.broker import TASK_SOFT_TIME_LIMIT_S, TASK_TIME_LIMIT_S, broker_conf
 
 
 def create_celery(settings: Settings | None = None) -> Celery:
     settings = settings or load_settings()
-    app = Celery("fairmeter", broker=settings.redis_url, include=["reconciler.tasks"])
+    app = Celery("fairmeter", broker=settings.task_broker_url, include=["reconciler.tasks"])
     app.conf.update(
+        # A task is acknowledged when it ends, and put back when its worker process dies:
+        # a chunk half settled by a killed process runs again (its transaction rolled back).
+        # On RabbitMQ the quorum queue's delivery limit ends that loop for a poison message.
         task_acks_late=True,
         task_reject_on_worker_lost=True,
+        # One message per process at a time: a long settlement chunk never holds others
+        # hostage in a busy worker's prefetch while idle workers wait.
         worker_prefetch_multiplier=1,
         task_ignore_result=True,
         task_serializer="json",
         accept_content=["json"],
         task_soft_time_limit=TASK_SOFT_TIME_LIMIT_S,
         task_time_limit=TASK_TIME_LIMIT_S,
-        broker_transport_options=transport_options(settings),
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
         timezone="UTC",
@@ -87,6 +75,7 @@ def create_celery(settings: Settings | None = None) -> Celery:
             },
         },
     )
+    app.conf.update(broker_conf(settings))
     return app
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from litestar import Router
 from litestar.exceptions import HTTPException
 
-from api.console import actions, pages, policies, protection, webhooks
+from api.console import actions, pages, policies, protection, webhooks, whatif
 from api.console.web import (
     CsrfRejected,
     NotSignedIn,
@@ -42,6 +42,9 @@ console_router = Router(
         protection.protection_page,
         protection.protection_csv,
         policies.policies_page,
+        whatif.whatif_form,
+        whatif.whatif_run,
+        whatif.whatif_csv,
     ],
     exception_handlers={
         NotSignedIn: not_signed_in_handler,

@@ -15,7 +15,8 @@ from litestar import Request, Response, get
 from litestar.datastructures import State
 
 from api.console.pages import page_response
-from api.console.web import services_of, signed_in
+from api.console.web import Console, services_of, signed_in
+from api.services import Services
 from metering.db import raw_transaction
 from metering.errors import forbidden
 from metering.keys import Scope
@@ -32,12 +33,19 @@ def _state(version: versions.PolicyVersion, current: int, now: datetime) -> str:
     return "superseded"
 
 
-@get("/policies", sync_to_thread=True)
-def policies_page(request: Request[Any, Any, Any], state: State) -> Response[str]:
-    services = services_of(state)
+def admin_console(request: Request[Any, Any, Any], services: Services) -> Console:
+    """The signed-in console user, if an admin: policies are, as ``/v1/policies``; a
+    support key gets a 403 page."""
     console = signed_in(request, services)
     if console.principal.scope is not Scope.ADMIN:
         raise forbidden("the tenant's policies are for admin keys")
+    return console
+
+
+@get("/policies", sync_to_thread=True)
+def policies_page(request: Request[Any, Any, Any], state: State) -> Response[str]:
+    services = services_of(state)
+    console = admin_console(request, services)
     with raw_transaction(services.engine) as conn:
         found = versions.list_versions(
             conn, console.principal.tenant_id, settings_policy(services.settings)

@@ -18,7 +18,7 @@ from litestar.params import FromQuery
 from api.console.pages import page_response
 from api.console.protection_svg import credited_by_rule_svg
 from api.console.web import services_of, signed_in
-from api.statements import attachment
+from api.downloads import csv_download
 from metering.db import raw_transaction
 from metering.keys import Principal
 from metering.protection.export import report_csv
@@ -55,8 +55,4 @@ def protection_csv(
 ) -> Response[str]:
     console = signed_in(request, services_of(state))
     report = _report(state, console.principal, period)
-    return Response(
-        report_csv(report),
-        media_type="text/csv",
-        headers={"content-disposition": attachment(f"protection-{report.period}.csv")},
-    )
+    return csv_download(report_csv(report), f"protection-{report.period}.csv")

@@ -17,11 +17,8 @@ from metering.protection.report import (
     Figures,
     ProtectionReport,
 )
-from metering.statements.render import csv_text
+from metering.statements.render import TOTAL_ROW, csv_text
 
-# No customer id can start with "(" (ids start with a letter or digit), so no customer
-# can be mistaken for the total.
-TOTAL_ROW = "(total)"
 CSV_HEADER = [
     "customer",
     "runs",

@@ -40,6 +40,9 @@ CSV_HEADER = [
 # formula (=cmd|' /C calc'!A0), so such a cell gets a leading single quote, which makes
 # Excel, LibreOffice and Sheets read it as text. LF is added for the same reason as CR.
 FORMULA_TRIGGERS = ("=", "+", "-", "@", "\t", "\r", "\n")
+# The customer cell of a report's total row. No customer id can start with "(" (ids start
+# with a letter or digit), so no customer can be mistaken for the total.
+TOTAL_ROW = "(total)"
 
 
 def csv_text(value: str) -> str:

@@ -17,7 +17,11 @@ WORKER_REDIS_DB = 8 + os.getpid() % 8
 
 
 def worker_env(settings: Any, **overrides: str) -> dict[str, str]:
+    """The environment of a test's worker, beat and API: Redis as broker unless the test
+    passes ``FAIRMETER_BROKER_URL`` (a broker set in the shell never leaks in)."""
     env = service_env(settings)
+    env.pop("CELERY_BROKER_URL", None)
+    env.pop("FAIRMETER_BROKER_URL", None)
     base = settings.redis_url.rsplit("/", 1)[0]
     env.update(
         REDIS_URL=f"{base}/{WORKER_REDIS_DB}",

@@ -4,7 +4,9 @@ In this directory ``settings``, ``engine``, ``db`` and ``make_key`` mean what th
 ``tests/conftest.py``, but on a private PostgreSQL cluster started for the session: the
 faults here must never reach the PostgreSQL that other sessions on the machine share, and
 those sessions' load (they can fill its ``max_connections``) must not make these tests
-fail. Every test also gets its own Redis (``private_redis``).
+fail. Every test also gets its own Redis (``private_redis``); a test that takes ``broker``
+runs twice, with Celery on that Redis and on a private virtual host of the machine's
+RabbitMQ (``rabbit_vhost``: the tests start no RabbitMQ of their own).
 
 Every process a test starts is registered with ``stack`` and stopped when the test ends,
 whatever happened; every fault is undone in ``finally`` by the test that injected it.
@@ -34,6 +36,7 @@ from tests.helpers import ROOT
 from tests.helpers.celery_worker import start_celery, worker_env
 from tests.helpers.database import DATA_TABLES, TEST_PEPPER
 from tests.helpers.processes import free_port, wait_http
+from tests.helpers.rabbitmq import RabbitVhost, rabbitmqctl_missing
 from tests.reliability.load import HttpIngest
 from tests.reliability.servers import PrivatePostgres, PrivateRedis, fairmeter_database, wait_for
 
@@ -105,6 +108,31 @@ def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
         server.stop()
 
 
+@pytest.fixture
+def rabbit_vhost() -> Iterator[RabbitVhost]:
+    """A virtual host of its own on the machine's RabbitMQ, deleted (queues, messages and
+    all) when the test ends. RabbitMQ missing fails the test: ``.ci/run`` starts it."""
+    missing = rabbitmqctl_missing()
+    if missing is not None:
+        pytest.fail(f"the RabbitMQ tests need the machine's RabbitMQ: {missing}")
+    vhost = RabbitVhost()
+    vhost.create()
+    try:
+        yield vhost
+    finally:
+        vhost.delete()
+
+
+@pytest.fixture(params=["redis", "rabbitmq"])
+def broker(request: pytest.FixtureRequest, private_redis: PrivateRedis) -> str:
+    """Celery's broker URL for this run of the test: the test's own Redis, or RabbitMQ
+    (quorum queues) in a private virtual host. Redis serves kicks and rate limits in both."""
+    if request.param == "redis":
+        return private_redis.url()
+    vhost: RabbitVhost = request.getfixturevalue("rabbit_vhost")
+    return vhost.url()
+
+
 class Stack:
     """The service's processes for one test: API, Celery worker, beat."""
 
@@ -113,17 +141,26 @@ class Stack:
         self._procs: list[subprocess.Popen[bytes]] = []
         self._loads: list[HttpIngest] = []
 
-    def env(self, settings: Settings, redis_url: str, **overrides: str) -> dict[str, str]:
+    def env(
+        self, settings: Settings, redis_url: str, broker_url: str | None = None, **overrides: str
+    ) -> dict[str, str]:
+        """The processes' environment; Celery on ``broker_url`` if given, else on Redis."""
         defaults = {
             "FAIRMETER_CLAIM_LEASE_S": CLAIM_LEASE_S,
             "FAIRMETER_IDLE_TIMEOUT_S": WINDOW_S,
             "FAIRMETER_RESUME_WINDOW_S": WINDOW_S,
         }
+        if broker_url is not None:
+            defaults["FAIRMETER_BROKER_URL"] = broker_url
         return worker_env(settings, REDIS_URL=redis_url, **{**defaults, **overrides})
 
-    def worker(self, env: dict[str, str], name: str = "worker") -> subprocess.Popen[bytes]:
-        """A prefork worker with two children, logging every task it receives (INFO)."""
+    def worker(
+        self, env: dict[str, str], name: str = "worker", include: str | None = None
+    ) -> subprocess.Popen[bytes]:
+        """A prefork worker with two children, logging every task it receives (INFO);
+        ``include``: a module of extra tasks it loads (a test's own)."""
         args = ["worker", "--concurrency", "2", "--loglevel", "INFO"]
+        args += ["--include", include] if include else []
         args += ["--hostname", f"{name}-{os.getpid()}-{next(_hosts)}@%h", "--without-mingle"]
         proc = start_celery([*args, "--without-gossip"], env, self.logs / f"{name}.log")
         self._procs.append(proc)

@@ -4,7 +4,10 @@ A killed child loses the chunk it was settling mid-transaction: PostgreSQL rolls
 and acks-late with ``task_reject_on_worker_lost`` puts the message back. A killed worker
 (the whole process group) takes the messages it had received with it: they sit unacked in
 Redis until the visibility timeout (10 minutes), but their runs are claimed only until the
-claim lease expires, and then the database sweep hands them out again.
+claim lease expires, and then the database sweep hands them out again. On RabbitMQ the
+broker sees the dead worker's connection close and puts its messages back at once.
+
+Both run on each broker (``broker``): Redis, and RabbitMQ quorum queues.
 """
 
 from __future__ import annotations
@@ -26,10 +29,10 @@ WAVES = 10  # runs arrive in waves, so settlement goes on for a while under the 
 
 
 def test_settles_1000_runs_exactly_once_while_a_worker_child_is_killed_every_2s(
-    engine, settings, db, private_redis, stack
+    engine, settings, db, private_redis, broker, stack
 ):
     workload = Workload.make(RUNS, 100, START)
-    env = stack.env(settings, private_redis.url(), FAIRMETER_SETTLE_CHUNK_SIZE="50")
+    env = stack.env(settings, private_redis.url(), broker, FAIRMETER_SETTLE_CHUNK_SIZE="50")
     worker = stack.worker(env)
     stack.beat(env)
     rng = random.Random(1)
@@ -66,10 +69,10 @@ def kill_a_child_within(worker, db, rng: random.Random, period_s: float) -> int:
 
 
 def test_killed_worker_group_then_restarted_settles_every_claimed_run_once(
-    engine, settings, db, private_redis, stack
+    engine, settings, db, private_redis, broker, stack
 ):
     workload = Workload.make(600, 60, START)
-    env = stack.env(settings, private_redis.url(), FAIRMETER_SETTLE_CHUNK_SIZE="20")
+    env = stack.env(settings, private_redis.url(), broker, FAIRMETER_SETTLE_CHUNK_SIZE="20")
     for batch in workload.batches(200):
         ingest(engine, settings, batch)
     stack.beat(env)

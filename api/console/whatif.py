@@ -1,0 +1,119 @@
+"""The console's "What if…" page (admin keys): price a candidate policy over a month's
+settled runs before it ships — totals and margin under the decisions in force and under
+the candidate, the runs whose outcome would change, each customer, and the CSV.
+
+It runs the same use case as ``POST /v1/policy/what-if`` (``metering.settlement.replay.
+what_if``: read-only, writes nothing), in-process. Running it is a POST with the session's
+CSRF token, as every console form; support keys get a 403 page, as from the API.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from litestar import Request, Response, get, post
+from litestar.datastructures import State
+
+from api.console.pages import page_response
+from api.console.policies import admin_console
+from api.console.web import Console, Form, check_csrf, error_message, services_of
+from api.console.whatif_form import KNOBS, SWITCHES, candidate_of, field_errors, form_of
+from api.policy_wire import csv_table, whatif_download
+from api.services import Services
+from metering.db import raw_transaction
+from metering.errors import MeteringError
+from metering.policies import versions
+from metering.policies.defaults import settings_policy
+from metering.settlement.replay import WhatIf
+from metering.settlement.replay_shards import Parallelism
+from metering.settlement.whatif import what_if
+
+# The totals' rows: (label, Position attribute).
+TOTALS = (
+    ("Billed", "billed_micros"),
+    ("Credited", "credited_micros"),
+    ("Held for review", "held_micros"),
+    ("Provider cost, all usage", "provider_cost_micros"),
+    ("Provider cost, credited", "credited_provider_cost_micros"),
+    ("Margin after protection", "margin_after_micros"),
+)
+
+
+def _page(
+    request: Request[Any, Any, Any],
+    console: Console,
+    form: dict[str, str],
+    *,
+    report: WhatIf | None = None,
+    error: MeteringError | None = None,
+) -> Response[str]:
+    response = page_response(
+        request,
+        "policy_whatif.html",
+        console,
+        nav="policies",
+        form=form,
+        knobs=KNOBS,
+        switches=SWITCHES,
+        report=report,
+        totals=TOTALS,
+        error=error_message(error) if error else None,
+        errors=field_errors(error) if error else {},
+    )
+    if error is not None:
+        response.status_code = error.status
+    return response
+
+
+def _replay(services: Services, console: Console, form: dict[str, str]) -> WhatIf:
+    """The what-if of the form's candidate over its period; 422 for a field at fault."""
+    candidate = candidate_of(form)
+    with raw_transaction(services.engine) as conn:
+        return what_if(
+            conn,
+            console.principal.tenant_id,
+            form.get("period", "").strip(),
+            candidate,
+            settings_policy(services.settings),
+            datetime.now(UTC),
+            Parallelism.of(services.settings),
+        )
+
+
+@get("/policies/what-if", sync_to_thread=True)
+def whatif_form(request: Request[Any, Any, Any], state: State) -> Response[str]:
+    """The form, filled from the latest version, for the current month."""
+    services = services_of(state)
+    console = admin_console(request, services)
+    with raw_transaction(services.engine) as conn:
+        latest = versions.list_versions(
+            conn, console.principal.tenant_id, settings_policy(services.settings)
+        )[-1]
+    period = datetime.now(UTC).strftime("%Y-%m")
+    return _page(request, console, form_of(latest.document, period))
+
+
+@post("/policies/what-if", sync_to_thread=True, status_code=200)
+def whatif_run(request: Request[Any, Any, Any], state: State, data: Form) -> Response[str]:
+    """The replay of the form's candidate; a bad field re-shows the form with its error."""
+    services = services_of(state)
+    console = admin_console(request, services)
+    check_csrf(console, services, data)
+    try:
+        report = _replay(services, console, data)
+    except MeteringError as exc:
+        if exc.status != 422:
+            raise
+        return _page(request, console, data, error=exc)
+    return _page(request, console, data, report=report)
+
+
+@post("/policies/what-if.csv", sync_to_thread=True, status_code=200)
+def whatif_csv(request: Request[Any, Any, Any], state: State, data: Form) -> Response[str]:
+    """The same replay as the API's CSV: the customers, or (``table=changes``) the changes."""
+    services = services_of(state)
+    console = admin_console(request, services)
+    check_csrf(console, services, data)
+    table = csv_table(data.get("table", "customers"))
+    return whatif_download(_replay(services, console, data), table)
