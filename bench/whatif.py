@@ -76,6 +76,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--docs", type=Path, default=ROOT / "docs" / "benchmarks.md")
     parser.add_argument("--no-docs", action="store_true")
+    parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
+    parser.add_argument(
+        "--reuse", action="store_true", help="measure on the database a --keep run left"
+    )
     return parser.parse_args()
 
 
@@ -164,7 +168,8 @@ def decide_rate(url: str, rounds: int) -> dict[str, Any]:
         for (period,) in conn.execute("SELECT DISTINCT period FROM runs").fetchall():
             report = WhatIf(period, parse_policy(CANDIDATE, defaults=settings_policy(settings)))
             for batch in replay._runs(conn, base.TENANT, period, replay.Shard()):
-                read = replay._facts(conn, batch, costs, report)
+                ids = [run.run_id for run in batch]
+                read = replay._facts(conn, batch, ids, costs, report)
                 facts.extend(
                     RunFacts(
                         tuple(read.events.get(run.run_id, ())),
@@ -184,21 +189,31 @@ def decide_rate(url: str, rounds: int) -> dict[str, Any]:
 
 def main() -> None:
     args = parse_args()
-    url = prepare(args.database_url)
+    if args.reuse:
+        url = base.with_database(args.database_url, DATABASE)
+        with psycopg.connect(url) as conn:
+            stored = conn.execute("SELECT count(*) FROM events").fetchone()[0]  # type: ignore[index]
+        load_s = settle_s = 0.0
+    else:
+        url = prepare(args.database_url)
     load_before = os.getloadavg()
     try:
-        stored, load_s = base.load(url, args)
-        engine = create_db_engine(Settings(database_url=url))
-        settled_at = time.perf_counter()
-        settle_due_now(
-            engine, Settings(database_url=url), now=datetime.now(UTC) + timedelta(days=1)
-        )
-        settle_s = time.perf_counter() - settled_at
-        engine.dispose()
+        if not args.reuse:
+            stored, load_s = base.load(url, args)
+            engine = create_db_engine(Settings(database_url=url))
+            settled_at = time.perf_counter()
+            settle_due_now(
+                engine, Settings(database_url=url), now=datetime.now(UTC) + timedelta(days=1)
+            )
+            settle_s = time.perf_counter() - settled_at
+            engine.dispose()
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("VACUUM ANALYZE")  # as autovacuum would have, given the time
         policy = decide_rate(url, args.rounds)
         replay = replay_rate(url, args.rounds, args.processes)
     finally:
-        drop(args.database_url)
+        if not args.keep:
+            drop(args.database_url)
     results = {
         "args": args,
         "events": stored,

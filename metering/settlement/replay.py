@@ -25,7 +25,10 @@ memory holds one batch and the per-customer sums, not the period.
 
 from __future__ import annotations
 
+import gc
+import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -187,6 +190,16 @@ WHERE run_id = ANY(%(ids)s) AND type <> 'run.usage'
 """
 
 REPLAY_USAGE = """
+SELECT u.run_id, u.id, '', u.step, u.attempt, u.tool_call_id, u.replay, u.gross_micros,
+       u.time, u.model, u.input_tokens, u.cached_input_tokens, u.output_tokens
+FROM usage_lines u
+WHERE u.run_id = ANY(%(ids)s)
+"""
+
+# A usage line's name ("source/id" of its event) is cited only as evidence, which the
+# candidate's decision is not asked for; looking it up costs a probe of the events' primary
+# key per line, so only the runs checked against their stored decision are read with it.
+REPLAY_USAGE_NAMED = """
 SELECT u.run_id, u.id, e.source || '/' || e.event_id, u.step, u.attempt, u.tool_call_id,
        u.replay, u.gross_micros, u.time, u.model, u.input_tokens, u.cached_input_tokens,
        u.output_tokens
@@ -206,8 +219,14 @@ class _Facts:
 
 
 def _facts(
-    conn: psycopg.Connection[Any], runs: list[_Run], costs: PriceCatalog, report: WhatIf
+    conn: psycopg.Connection[Any],
+    runs: list[_Run],
+    checked: list[int],
+    costs: PriceCatalog,
+    report: WhatIf,
 ) -> _Facts:
+    """The batch's facts; the usage lines of runs not in ``checked`` have no name (their
+    candidate decision's evidence ids are not read, and nothing else reads a name)."""
     params = {"ids": [r.run_id for r in runs]}
     event_rows = conn.execute(REPLAY_EVENTS, params).fetchall()
     bodies = msgspec.json.decode("[" + ",".join(row[4] for row in event_rows) + "]")
@@ -216,30 +235,28 @@ def _facts(
         events.setdefault(run_id, []).append(EventFact(event_id, type_, time, data))
     usage: dict[int, list[UsageLine]] = {}
     line_costs: dict[int, dict[int, int]] = {}
-    price = _line_pricer(costs, report)
-    for run_id, line_id, name, step, attempt, tool, replay_, gross, at, *priced in conn.execute(
-        REPLAY_USAGE, params
-    ).fetchall():
-        usage.setdefault(run_id, []).append(
-            UsageLine(line_id, name, step, attempt, tool, replay_, gross, at)
-        )
-        line_costs.setdefault(run_id, {})[line_id] = price(at, *priced)
+    named = set(checked)
+    usage_rows = conn.execute(
+        REPLAY_USAGE, {"ids": [r.run_id for r in runs if r.run_id not in named]}
+    ).fetchall()
+    if checked:
+        usage_rows += conn.execute(REPLAY_USAGE_NAMED, {"ids": checked}).fetchall()
+    # The loop over every usage line of the period: local names, no helper calls.
+    total_micros, uncosted = costs.total_micros, 0
+    for run_id, line_id, name, step, attempt, tool, replay_, gross, at, *priced in usage_rows:
+        lines = usage.get(run_id)
+        if lines is None:
+            lines = usage[run_id] = []
+            line_costs[run_id] = {}
+        lines.append(UsageLine(line_id, name, step, attempt, tool, replay_, gross, at))
+        model, input_tokens, cached_input_tokens, output_tokens = priced
+        cost = total_micros(model, input_tokens, cached_input_tokens, output_tokens, at)
+        if cost is None:  # a model the cost catalog has no cost for: counted, at none
+            cost, uncosted = 0, uncosted + 1
+        line_costs[run_id][line_id] = cost
+    report.uncosted_lines += uncosted
     with_grants = [r.run_id for r in runs if r.has_grants]
     return _Facts(events, usage, line_costs, _grants(conn, with_grants) if with_grants else {})
-
-
-def _line_pricer(costs: PriceCatalog, report: WhatIf) -> Any:
-    """What a usage line cost the platform; 0, and counted as uncosted, for a model the
-    cost catalog has no cost for."""
-
-    def price(at: datetime, model: str, inp: int, cached: int, out: int) -> int:
-        cost = costs.total_micros(model, inp, cached, out, at)
-        if cost is None:
-            report.uncosted_lines += 1
-            return 0
-        return cost
-
-    return price
 
 
 def _grants(conn: psycopg.Connection[Any], run_ids: list[int]) -> dict[int, list[SupportGrant]]:
@@ -310,6 +327,47 @@ def replay_period(
     """Replay the tenant's runs settled in ``period`` (YYYY-MM) under ``candidate`` (only
     the customers of ``shard``); ``check_all`` checks every run against its stored
     decision, not a sample."""
+    with collector_paused():
+        return _replay(conn, tenant, period, candidate, defaults, check_all, shard)
+
+
+_paused = 0
+_was_enabled = True
+_paused_lock = threading.Lock()
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while replays run (on again after the last).
+
+    A replay allocates millions of small objects (facts, decisions) that reference counting
+    frees and that form no cycles; the collector, triggered by allocation counts, walked
+    them over and over: two fifths of a replay's time (bench/whatif.py).
+    """
+    global _paused, _was_enabled
+    with _paused_lock:
+        if _paused == 0:
+            _was_enabled = gc.isenabled()
+        _paused += 1
+        gc.disable()
+    try:
+        yield
+    finally:
+        with _paused_lock:
+            _paused -= 1
+            if _paused == 0 and _was_enabled:
+                gc.enable()
+
+
+def _replay(
+    conn: psycopg.Connection[Any],
+    tenant: str,
+    period: str,
+    candidate: PolicyDocument,
+    defaults: PolicyDocument,
+    check_all: bool,
+    shard: Shard,
+) -> WhatIf:
     conn.execute("SET TRANSACTION READ ONLY")
     configs: dict[int, PolicyConfig] = {
         v.version: v.document.config() for v in list_versions(conn, tenant, defaults)
@@ -319,13 +377,18 @@ def replay_period(
     running: dict[str, _Running] = {}
     costs = load_catalog(conn, PROVIDER_COSTS)
     for batch in _runs(conn, tenant, period, shard):
-        facts_of = _facts(conn, batch, costs, report)
+        checks = {
+            run.run_id
+            for i, run in enumerate(batch, start=report.runs)
+            if check_all or i < CHECK_ALL or i % CHECK_EVERY == 0
+        }
+        facts_of = _facts(conn, batch, sorted(checks), costs, report)
         for run in batch:
             state = running.setdefault(run.customer, _Running())
             events = tuple(facts_of.events.get(run.run_id, ()))
             usage = tuple(facts_of.usage.get(run.run_id, ()))
             grants = facts_of.grants.get(run.run_id, [])
-            if check_all or report.runs < CHECK_ALL or report.runs % CHECK_EVERY == 0:
+            if run.run_id in checks:
                 facts = RunFacts(events, usage, run.abandoned, _period(run, state, candidate=False))
                 own_policy = configs[run.policy_version]
                 _check(report, run, _settle(run, facts, grants, own_policy, explained=True)[1])

@@ -90,6 +90,9 @@ def test_usage_total_is_the_sum_of_its_class_lines(input_tokens, cached, output)
     assert all(isinstance(v, int) for v in (priced.input_micros, priced.output_micros))
 
 
+SHARED = catalog()
+
+
 @given(
     st.sampled_from(["m", "other"]),
     st.integers(0, 10**9),
@@ -103,13 +106,15 @@ def test_the_allocation_free_total_is_price_usage_total_or_none_where_it_raises(
     model, input_tokens, cached, output, at
 ):
     # What-if prices every usage line of a period with ``total_micros``; the protection
-    # report with ``price_usage``: one line must cost the same in both.
+    # report with ``price_usage``: one line must cost the same in both. One catalog for
+    # every example, so its cache of the prices in force meets times on both sides of a
+    # price change, in any order.
     try:
-        expected = catalog().price_usage(model, TokenCounts(input_tokens, cached, output), at)
+        expected = SHARED.price_usage(model, TokenCounts(input_tokens, cached, output), at)
     except UnknownModelError:
-        assert catalog().total_micros(model, input_tokens, cached, output, at) is None
+        assert SHARED.total_micros(model, input_tokens, cached, output, at) is None
     else:
-        total = catalog().total_micros(model, input_tokens, cached, output, at)
+        total = SHARED.total_micros(model, input_tokens, cached, output, at)
         assert total == expected.total_micros
 
 
