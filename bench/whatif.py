@@ -30,6 +30,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import psycopg
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +43,7 @@ from metering.db import SESSION_OPTIONS, create_db_engine  # noqa: E402
 from metering.keys_repo import ensure_tenant  # noqa: E402
 from metering.migrate import upgrade  # noqa: E402
 from metering.policies.defaults import settings_policy  # noqa: E402
-from metering.policy import RunFacts, decide  # noqa: E402
+from metering.policy import EventFact, RunFacts, UsageLine, decide  # noqa: E402
 from metering.policy.document import parse_policy  # noqa: E402
 from metering.prices import (  # noqa: E402
     PROVIDER_COSTS,
@@ -157,6 +158,58 @@ def worker_peaks_mb() -> list[float]:
     return peaks
 
 
+def phases(url: str) -> dict[str, tuple[float, float]]:
+    """Where one process's replay time goes, phase by phase, over the whole period: (wall,
+    CPU of this process) seconds. Wall minus CPU of a query is mostly PostgreSQL's work.
+    The collector is paused, as in the replay."""
+    spent: dict[str, list[float]] = {}
+    clock = [time.perf_counter(), time.process_time()]
+
+    def lap(name: str) -> None:
+        wall, cpu = time.perf_counter(), time.process_time()
+        totals = spent.setdefault(name, [0.0, 0.0])
+        totals[0] += wall - clock[0]
+        totals[1] += cpu - clock[1]
+        clock[:] = [wall, cpu]
+
+    settings = Settings(database_url=url)
+    config = parse_policy(CANDIDATE, defaults=settings_policy(settings)).config()
+    with replay.collector_paused(), psycopg.connect(url, options=SESSION_OPTIONS) as conn:
+        costs = load_catalog(conn, PROVIDER_COSTS)
+        for (period,) in conn.execute("SELECT DISTINCT period FROM runs").fetchall():
+            clock[:] = [time.perf_counter(), time.process_time()]
+            for batch in replay._runs(conn, base.TENANT, period, replay.Shard()):
+                lap("runs and their decisions: read")
+                ids = {"ids": [run.run_id for run in batch]}
+                rows = conn.execute(replay.REPLAY_EVENTS, ids).fetchall()
+                lap("events: read")
+                bodies = msgspec.json.decode("[" + ",".join(row[4] for row in rows) + "]")
+                events: dict[int, list[EventFact]] = {}
+                for (run_id, name, type_, at, _), data in zip(rows, bodies, strict=True):
+                    events.setdefault(run_id, []).append(EventFact(name, type_, at, data))
+                lap("events: facts built")
+                rows = conn.execute(replay.REPLAY_USAGE, ids).fetchall()
+                lap("usage lines: read")
+                usage: dict[int, list[UsageLine]] = {}
+                for run_id, line_id, name, step, attempt, tool, again, gross, at, *_ in rows:
+                    usage.setdefault(run_id, []).append(
+                        UsageLine(line_id, name, step, attempt, tool, again, gross, at)
+                    )
+                lap("usage lines: facts built")
+                for *_, at, model, inp, cached, out in rows:
+                    costs.total_micros(model, inp, cached, out, at)
+                lap("usage lines: provider cost")
+                for run in batch:
+                    facts = RunFacts(
+                        tuple(events.get(run.run_id, ())),
+                        tuple(usage.get(run.run_id, ())),
+                        run.abandoned,
+                    )
+                    decide(facts, config, explained=False)
+                lap("decide (candidate, no words)")
+    return {name: (wall, cpu) for name, (wall, cpu) in spent.items()}
+
+
 def decide_rate(url: str, rounds: int) -> dict[str, Any]:
     """Bare ``decide()`` over the period's facts, read once into memory the way the replay
     reads them, under the candidate, on one core."""
@@ -211,6 +264,7 @@ def main() -> None:
                 conn.execute("VACUUM ANALYZE")  # as autovacuum would have, given the time
         policy = decide_rate(url, args.rounds)
         replay = replay_rate(url, args.rounds, args.processes)
+        split = phases(url)
     finally:
         if not args.keep:
             drop(args.database_url)
@@ -221,6 +275,7 @@ def main() -> None:
         "settle_s": settle_s,
         "policy": policy,
         "replay": replay,
+        "phases": split,
         "load": (load_before, os.getloadavg()),
     }
     print(render(results))
@@ -236,14 +291,21 @@ def render(r: dict[str, Any]) -> str:
     per_run_s = replay["seconds"] / max(replay["runs"], 1)
     return "\n".join(
         [
-            f"Measured {when} with `uv run --frozen python bench/whatif.py --runs {args.runs}`.",
+            f"Measured {when} with `uv run --frozen python bench/whatif.py --runs {args.runs}"
+            + (" --reuse" if args.reuse else "")
+            + "`.",
             "",
             f"- Machine: {os.cpu_count()} × {platform.processor() or platform.machine()}, "
             f"load average before / after: {' '.join(f'{x:.2f}' for x in before)} / "
             f"{' '.join(f'{x:.2f}' for x in after)}.",
             f"- Workload: {args.runs:,} settled runs, {r['events']:,} events, "
-            f"{args.customers} customers (bench/settle.py's shapes); loaded in "
-            f"{r['load_s']:.0f} s and settled in-process in {r['settle_s']:.0f} s (not measured).",
+            f"{args.customers} customers (bench/settle.py's shapes); "
+            + (
+                "the database an earlier `--keep` run loaded and settled."
+                if args.reuse
+                else f"loaded in {r['load_s']:.0f} s and settled in-process in "
+                f"{r['settle_s']:.0f} s (not measured)."
+            ),
             f"- Candidate: `{CANDIDATE}`.",
             "",
             "| measurement | result | detail |",
@@ -264,6 +326,15 @@ def render(r: dict[str, Any]) -> str:
             "sampled runs also replayed under their own policy, equal to the stored decision |",
             "",
             f"Outcome changes under the candidate: `{replay['changes']}`.",
+            "",
+            "Where one process's time goes (the whole period in one process, collector "
+            "paused; wall minus CPU of a read is mostly PostgreSQL's work):",
+            "",
+            "| phase | wall s | CPU s of the process |",
+            "| --- | ---: | ---: |",
+            *(f"| {name} | {wall:.2f} | {cpu:.2f} |" for name, (wall, cpu) in r["phases"].items()),
+            f"| all | {sum(w for w, _ in r['phases'].values()):.2f} | "
+            f"{sum(c for _, c in r['phases'].values()):.2f} |",
         ]
     )
 
