@@ -31,7 +31,8 @@ from metering.errors import not_found
 from metering.keys import Principal, Scope
 from metering.policies import versions
 from metering.policies.defaults import settings_policy
-from metering.settlement.replay import what_if
+from metering.settlement.replay_shards import Parallelism
+from metering.settlement.whatif import what_if
 
 ADMIN = keys(Scope.ADMIN)
 MAX_VERSION = 2**31 - 1  # the column is an INTEGER
@@ -182,7 +183,13 @@ async def policy_what_if(
         defaults = settings_policy(services.settings)
         with raw_transaction(services.engine) as conn:
             report = what_if(
-                conn, principal.tenant_id, data.period, data.document, defaults, _now()
+                conn,
+                principal.tenant_id,
+                data.period,
+                data.document,
+                defaults,
+                _now(),
+                Parallelism.of(services.settings),
             )
         if as_csv:
             return whatif_download(report, chosen)

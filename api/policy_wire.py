@@ -108,8 +108,11 @@ class WhatIfReply(msgspec.Struct):
     period: str
     candidate: dict[str, Any]
     runs: int
-    # Runs whose replay under the policy that decided them reproduced the stored decision;
-    # equal to ``runs`` unless the replay and settlement disagree (then a few examples).
+    # Runs also replayed under the policy that decided them (the first 1,000 of each
+    # process's share of the period, then one in 16), and of those the ones that reproduced
+    # the stored decision: equal unless the replay and settlement disagree (then a few
+    # examples).
+    checked: int
     reproduced: int
     not_reproduced_examples: list[str]
     # Usage lines of a model without a provider cost (counted at no cost in the cost columns).
@@ -135,6 +138,7 @@ def whatif_reply(report: WhatIf) -> WhatIfReply:
         period=report.period,
         candidate=report.candidate.as_json(),
         runs=report.runs,
+        checked=report.checked,
         reproduced=report.reproduced,
         not_reproduced_examples=report.not_reproduced,
         uncosted_lines=report.uncosted_lines,

@@ -6,11 +6,12 @@ settlement benchmark's workload (``bench/settle.py``: mixed, realistic runs of s
 hundred customers) through the ingest use case and settles it in this process (neither is
 measured); then times
 
-1. ``decide()`` over every run's facts already in memory (the ceiling: no reads, one
-   decision per run), best of ``--rounds``;
-2. ``replay_period`` under a candidate (R8 off, R4 off): it streams the period's runs in
-   batches, reads their facts and decides each twice (own policy and candidate), best of
-   ``--rounds``, with the process's peak RSS before and after.
+1. bare ``decide()`` over every run's facts already in memory, on one core (no reads, one
+   decision per run, with its explanation as settlement makes it), best of ``--rounds``;
+2. the what-if replay under a candidate (R8 off, R4 off) as the API runs it
+   (``replay_period_parallel``, ``--processes`` processes, one snapshot): it streams the
+   period's runs in batches, reads their facts, decides each under the candidate and a
+   sample under its own policy, best of ``--rounds``, with each process's peak RSS.
 
 It checks that every stored decision is reproduced, prints the rates and their ratio, and
 writes the "What-if replay" section of docs/benchmarks.md. The database is dropped before
@@ -29,6 +30,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import psycopg
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,9 +43,17 @@ from metering.db import SESSION_OPTIONS, create_db_engine  # noqa: E402
 from metering.keys_repo import ensure_tenant  # noqa: E402
 from metering.migrate import upgrade  # noqa: E402
 from metering.policies.defaults import settings_policy  # noqa: E402
+from metering.policy import EventFact, RunFacts, UsageLine, decide  # noqa: E402
 from metering.policy.document import parse_policy  # noqa: E402
-from metering.prices import insert_prices, read_catalog_file  # noqa: E402
-from metering.settlement.replay import replay_period  # noqa: E402
+from metering.prices import (  # noqa: E402
+    PROVIDER_COSTS,
+    insert_prices,
+    load_catalog,
+    read_catalog_file,
+)
+from metering.settlement import replay, replay_shards  # noqa: E402
+from metering.settlement.replay import WhatIf  # noqa: E402
+from metering.settlement.replay_shards import Parallelism, replay_period_parallel  # noqa: E402
 from metering.settlement.runner import settle_due_now  # noqa: E402
 
 DATABASE = "fairmeter_bench_whatif"
@@ -57,13 +67,20 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--database-url", default=os.environ.get("DATABASE_URL", base.LOCAL_DATABASE_URL)
     )
-    parser.add_argument("--runs", type=int, default=10_000)
-    parser.add_argument("--customers", type=int, default=400)
+    parser.add_argument("--runs", type=int, default=100_000)
+    parser.add_argument("--customers", type=int, default=4_000)
+    parser.add_argument(
+        "--processes", type=int, default=os.cpu_count() or 1, help="replay processes"
+    )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--loaders", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--docs", type=Path, default=ROOT / "docs" / "benchmarks.md")
     parser.add_argument("--no-docs", action="store_true")
+    parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
+    parser.add_argument(
+        "--reuse", action="store_true", help="measure on the database a --keep run left"
+    )
     return parser.parse_args()
 
 
@@ -75,6 +92,8 @@ def prepare(server_url: str) -> str:
     upgrade(url)
     with psycopg.connect(url) as conn:
         insert_prices(conn, read_catalog_file())
+        costs = read_catalog_file(kind=PROVIDER_COSTS)
+        insert_prices(conn, costs, PROVIDER_COSTS)
         ensure_tenant(conn, base.TENANT)
     return url
 
@@ -89,22 +108,28 @@ def drop(server_url: str) -> None:
 
 
 def rss_mb() -> float:
+    """Peak RSS of this process."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def replay_rate(url: str, rounds: int) -> dict[str, Any]:
+def replay_rate(url: str, rounds: int, processes: int) -> dict[str, Any]:
     settings = Settings(database_url=url)
     defaults = settings_policy(settings)
     candidate = parse_policy(CANDIDATE, defaults=defaults)
+    parallelism = Parallelism(settings.libpq_url(), processes)
     with psycopg.connect(url) as conn:
         periods = [r[0] for r in conn.execute("SELECT DISTINCT period FROM runs").fetchall()]
-    best, report, before = float("inf"), None, rss_mb()
+    best, report = float("inf"), None
     for _ in range(rounds):
         started = time.perf_counter()
         reports = []
         with psycopg.connect(url, options=SESSION_OPTIONS) as conn:
             for period in periods:
-                reports.append(replay_period(conn, base.TENANT, period, candidate, defaults))
+                reports.append(
+                    replay_period_parallel(
+                        conn, base.TENANT, period, candidate, defaults, parallelism
+                    )
+                )
                 conn.rollback()
         best = min(best, time.perf_counter() - started)
         report = reports
@@ -112,32 +137,137 @@ def replay_rate(url: str, rounds: int) -> dict[str, Any]:
     runs = sum(r.runs for r in report)
     return {
         "runs": runs,
+        "checked": sum(r.checked for r in report),
         "reproduced": sum(r.reproduced for r in report),
         "seconds": best,
         "rate": runs / best,
         "changes": {f"{o} → {n}": c.runs for r in report for (o, n), c in r.changes.items()},
-        "rss_before_mb": before,
-        "rss_after_mb": rss_mb(),
+        "rss_mb": [rss_mb(), *worker_peaks_mb()],
+        "processes": processes,
     }
+
+
+def worker_peaks_mb() -> list[float]:
+    """Peak RSS of the replay's worker processes (VmHWM), while they are alive."""
+    pool = replay_shards._pool
+    peaks = []
+    for pid in getattr(pool, "_processes", {}) or {}:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                peaks.append(int(line.split()[1]) / 1024)
+    return peaks
+
+
+def phases(url: str) -> dict[str, tuple[float, float]]:
+    """Where one process's replay time goes, phase by phase, over the whole period: (wall,
+    CPU of this process) seconds. Wall minus CPU of a query is mostly PostgreSQL's work.
+    The collector is paused, as in the replay."""
+    spent: dict[str, list[float]] = {}
+    clock = [time.perf_counter(), time.process_time()]
+
+    def lap(name: str) -> None:
+        wall, cpu = time.perf_counter(), time.process_time()
+        totals = spent.setdefault(name, [0.0, 0.0])
+        totals[0] += wall - clock[0]
+        totals[1] += cpu - clock[1]
+        clock[:] = [wall, cpu]
+
+    settings = Settings(database_url=url)
+    config = parse_policy(CANDIDATE, defaults=settings_policy(settings)).config()
+    with replay.collector_paused(), psycopg.connect(url, options=SESSION_OPTIONS) as conn:
+        costs = load_catalog(conn, PROVIDER_COSTS)
+        for (period,) in conn.execute("SELECT DISTINCT period FROM runs").fetchall():
+            clock[:] = [time.perf_counter(), time.process_time()]
+            for batch in replay._runs(conn, base.TENANT, period, replay.Shard()):
+                lap("runs and their decisions: read")
+                ids = {"ids": [run.run_id for run in batch]}
+                rows = conn.execute(replay.REPLAY_EVENTS, ids).fetchall()
+                lap("events: read")
+                bodies = msgspec.json.decode("[" + ",".join(row[4] for row in rows) + "]")
+                events: dict[int, list[EventFact]] = {}
+                for (run_id, name, type_, at, _), data in zip(rows, bodies, strict=True):
+                    events.setdefault(run_id, []).append(EventFact(name, type_, at, data))
+                lap("events: facts built")
+                rows = conn.execute(replay.REPLAY_USAGE, ids).fetchall()
+                lap("usage lines: read")
+                usage: dict[int, list[UsageLine]] = {}
+                for run_id, line_id, name, step, attempt, tool, again, gross, at, *_ in rows:
+                    usage.setdefault(run_id, []).append(
+                        UsageLine(line_id, name, step, attempt, tool, again, gross, at)
+                    )
+                lap("usage lines: facts built")
+                for *_, at, model, inp, cached, out in rows:
+                    costs.total_micros(model, inp, cached, out, at)
+                lap("usage lines: provider cost")
+                for run in batch:
+                    facts = RunFacts(
+                        tuple(events.get(run.run_id, ())),
+                        tuple(usage.get(run.run_id, ())),
+                        run.abandoned,
+                    )
+                    decide(facts, config, explained=False)
+                lap("decide (candidate, no words)")
+    return {name: (wall, cpu) for name, (wall, cpu) in spent.items()}
+
+
+def decide_rate(url: str, rounds: int) -> dict[str, Any]:
+    """Bare ``decide()`` over the period's facts, read once into memory the way the replay
+    reads them, under the candidate, on one core."""
+    settings = Settings(database_url=url)
+    config = parse_policy(CANDIDATE, defaults=settings_policy(settings)).config()
+    facts = []
+    with psycopg.connect(url, options=SESSION_OPTIONS) as conn:
+        costs = load_catalog(conn, PROVIDER_COSTS)
+        for (period,) in conn.execute("SELECT DISTINCT period FROM runs").fetchall():
+            report = WhatIf(period, parse_policy(CANDIDATE, defaults=settings_policy(settings)))
+            for batch in replay._runs(conn, base.TENANT, period, replay.Shard()):
+                ids = [run.run_id for run in batch]
+                read = replay._facts(conn, batch, ids, costs, report)
+                facts.extend(
+                    RunFacts(
+                        tuple(read.events.get(run.run_id, ())),
+                        tuple(read.usage.get(run.run_id, ())),
+                        run.abandoned,
+                    )
+                    for run in batch
+                )
+    best = float("inf")
+    for _ in range(rounds):
+        started = time.perf_counter()
+        for f in facts:
+            decide(f, config)
+        best = min(best, time.perf_counter() - started)
+    return {"runs": len(facts), "seconds": best, "rate": len(facts) / best}
 
 
 def main() -> None:
     args = parse_args()
-    url = prepare(args.database_url)
+    if args.reuse:
+        url = base.with_database(args.database_url, DATABASE)
+        with psycopg.connect(url) as conn:
+            stored = conn.execute("SELECT count(*) FROM events").fetchone()[0]  # type: ignore[index]
+        load_s = settle_s = 0.0
+    else:
+        url = prepare(args.database_url)
     load_before = os.getloadavg()
     try:
-        stored, load_s = base.load(url, args)
-        engine = create_db_engine(Settings(database_url=url))
-        settled_at = time.perf_counter()
-        settle_due_now(
-            engine, Settings(database_url=url), now=datetime.now(UTC) + timedelta(days=1)
-        )
-        settle_s = time.perf_counter() - settled_at
-        engine.dispose()
-        policy = base.policy_rate(url, args.rounds)
-        replay = replay_rate(url, args.rounds)
+        if not args.reuse:
+            stored, load_s = base.load(url, args)
+            engine = create_db_engine(Settings(database_url=url))
+            settled_at = time.perf_counter()
+            settle_due_now(
+                engine, Settings(database_url=url), now=datetime.now(UTC) + timedelta(days=1)
+            )
+            settle_s = time.perf_counter() - settled_at
+            engine.dispose()
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("VACUUM ANALYZE")  # as autovacuum would have, given the time
+        policy = decide_rate(url, args.rounds)
+        replay = replay_rate(url, args.rounds, args.processes)
+        split = phases(url)
     finally:
-        drop(args.database_url)
+        if not args.keep:
+            drop(args.database_url)
     results = {
         "args": args,
         "events": stored,
@@ -145,11 +275,12 @@ def main() -> None:
         "settle_s": settle_s,
         "policy": policy,
         "replay": replay,
+        "phases": split,
         "load": (load_before, os.getloadavg()),
     }
     print(render(results))
-    if replay["reproduced"] != replay["runs"]:
-        sys.exit(f"replay reproduced {replay['reproduced']} of {replay['runs']} decisions")
+    if replay["reproduced"] != replay["checked"]:
+        sys.exit(f"replay reproduced {replay['reproduced']} of {replay['checked']} checked")
     if not args.no_docs:
         write_docs(args.docs, render(results))
 
@@ -160,33 +291,50 @@ def render(r: dict[str, Any]) -> str:
     per_run_s = replay["seconds"] / max(replay["runs"], 1)
     return "\n".join(
         [
-            f"Measured {when} with `uv run --frozen python bench/whatif.py --runs {args.runs}`.",
+            f"Measured {when} with `uv run --frozen python bench/whatif.py --runs {args.runs}"
+            + (" --reuse" if args.reuse else "")
+            + "`.",
             "",
             f"- Machine: {os.cpu_count()} × {platform.processor() or platform.machine()}, "
             f"load average before / after: {' '.join(f'{x:.2f}' for x in before)} / "
             f"{' '.join(f'{x:.2f}' for x in after)}.",
             f"- Workload: {args.runs:,} settled runs, {r['events']:,} events, "
-            f"{args.customers} customers (bench/settle.py's shapes); loaded in "
-            f"{r['load_s']:.0f} s and settled in-process in {r['settle_s']:.0f} s (not measured).",
+            f"{args.customers} customers (bench/settle.py's shapes); "
+            + (
+                "the database an earlier `--keep` run loaded and settled."
+                if args.reuse
+                else f"loaded in {r['load_s']:.0f} s and settled in-process in "
+                f"{r['settle_s']:.0f} s (not measured)."
+            ),
             f"- Candidate: `{CANDIDATE}`.",
             "",
             "| measurement | result | detail |",
             "| --- | ---: | --- |",
-            f"| pure `decide()`, facts in memory | {policy['rate']:,.0f} decisions/s | "
+            f"| bare `decide()`, facts in memory, 1 core | {policy['rate']:,.0f} decisions/s | "
             f"{policy['seconds']:.2f} s for {policy['runs']:,} runs, best of {args.rounds} |",
-            f"| what-if replay | {replay['rate']:,.0f} runs/s | {replay['seconds']:.2f} s for "
-            f"{replay['runs']:,} runs (reads + 2 decisions each), best of {args.rounds} |",
-            f"| ratio replay / pure | {replay['rate'] / policy['rate']:.2f} | "
+            f"| what-if replay, {replay['processes']} processes | {replay['rate']:,.0f} runs/s "
+            f"| {replay['seconds']:.2f} s for {replay['runs']:,} runs (reads, candidate "
+            f"decision, sample checked), best of {args.rounds} |",
+            f"| ratio replay / bare | {replay['rate'] / policy['rate']:.2f} | "
             "runs/s ÷ decisions/s |",
-            f"| 100,000 runs at this rate | {per_run_s * 100_000:.1f} s | estimate, not measured "
-            "(issue #17 asks < 10 s) |",
-            f"| peak RSS of the process | {replay['rss_before_mb']:.0f} → "
-            f"{replay['rss_after_mb']:.0f} MB | before / after the replays (facts for the pure "
-            "run were already in memory) |",
-            f"| reproduced | {replay['reproduced']:,} of {replay['runs']:,} | "
-            "stored decisions the replay under their own policy gave exactly |",
+            f"| 100,000 runs | {per_run_s * 100_000:.1f} s | "
+            + ("measured" if replay["runs"] == 100_000 else "at this rate, not measured")
+            + " (issue #17 asks < 10 s) |",
+            f"| peak RSS per process | {' / '.join(f'{mb:.0f}' for mb in replay['rss_mb'])} MB "
+            "| the caller (which also held the bare run's facts) / each worker |",
+            f"| checked | {replay['reproduced']:,} of {replay['checked']:,} reproduced | "
+            "sampled runs also replayed under their own policy, equal to the stored decision |",
             "",
             f"Outcome changes under the candidate: `{replay['changes']}`.",
+            "",
+            "Where one process's time goes (the whole period in one process, collector "
+            "paused; wall minus CPU of a read is mostly PostgreSQL's work):",
+            "",
+            "| phase | wall s | CPU s of the process |",
+            "| --- | ---: | ---: |",
+            *(f"| {name} | {wall:.2f} | {cpu:.2f} |" for name, (wall, cpu) in r["phases"].items()),
+            f"| all | {sum(w for w, _ in r['phases'].values()):.2f} | "
+            f"{sum(c for _, c in r['phases'].values()):.2f} |",
         ]
     )
 

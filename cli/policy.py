@@ -20,7 +20,9 @@ from metering.errors import MeteringError
 from metering.policies import versions
 from metering.policies.defaults import settings_policy
 from metering.policies.versions import PolicyVersion
-from metering.settlement.replay import WhatIf, what_if
+from metering.settlement.replay import WhatIf
+from metering.settlement.replay_shards import Parallelism
+from metering.settlement.whatif import what_if
 from metering.settlement.whatif_export import changes_csv, whatif_csv
 
 
@@ -196,7 +198,13 @@ def what_if_command(
     try:
         with raw_transaction(create_db_engine(settings)) as conn:
             report = what_if(
-                conn, tenant, period, document, settings_policy(settings), datetime.now(UTC)
+                conn,
+                tenant,
+                period,
+                document,
+                settings_policy(settings),
+                datetime.now(UTC),
+                Parallelism.of(settings),
             )
     except MeteringError as error:
         raise _fail(error) from None
@@ -209,7 +217,10 @@ def what_if_command(
 
 def _print_what_if(report: WhatIf) -> None:
     """The what-if for a person: a line, tab-separated micros per customer, the changes."""
-    click.echo(f"{report.runs} run(s) of {report.period}; {report.reproduced} reproduced")
+    click.echo(
+        f"{report.runs} run(s) of {report.period}; "
+        f"{report.reproduced} of {report.checked} checked reproduced"
+    )
     click.echo(
         "customer\tbilled now\tbilled then\tcredited now\tcredited then\theld now\theld then"
         "\tprotection cost now\tprotection cost then\tmargin now\tmargin then"

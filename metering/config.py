@@ -157,6 +157,11 @@ class Settings(BaseSettings):
     # quorum queue moves it to the dead-letter queue instead of feeding it to workers forever.
     broker_delivery_limit: int = Field(default=5, ge=1)
 
+    # What-if replays (metering/settlement/replay_shards.py): a large period is replayed on
+    # this many processes, all reading one snapshot. 0: one per CPU; 1: in the request's
+    # own process only.
+    whatif_processes: int = Field(default=0, ge=0, le=64)
+
     # Protection cap (R8), per customer per calendar month (UTC).
     cap_fraction_ppm: int = 250_000
     cap_floor_micros: int = 5_000_000
@@ -296,6 +301,10 @@ class Settings(BaseSettings):
     def sqlalchemy_url(self) -> str:
         """The database URL with the psycopg 3 driver, whatever scheme the user gave."""
         return to_psycopg_url(self.database_url)
+
+    def libpq_url(self) -> str:
+        """The database URL as psycopg.connect takes it (for processes with no engine)."""
+        return "postgresql://" + self.sqlalchemy_url().removeprefix("postgresql+psycopg://")
 
 
 def to_psycopg_url(url: str) -> str:

@@ -25,7 +25,9 @@ from metering.db import raw_transaction
 from metering.errors import MeteringError
 from metering.policies import versions
 from metering.policies.defaults import settings_policy
-from metering.settlement.replay import WhatIf, what_if
+from metering.settlement.replay import WhatIf
+from metering.settlement.replay_shards import Parallelism
+from metering.settlement.whatif import what_if
 
 # The totals' rows: (label, Position attribute).
 TOTALS = (
@@ -75,6 +77,7 @@ def _replay(services: Services, console: Console, form: dict[str, str]) -> WhatI
             candidate,
             settings_policy(services.settings),
             datetime.now(UTC),
+            Parallelism.of(services.settings),
         )
 
 

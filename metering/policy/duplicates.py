@@ -28,8 +28,10 @@ def replayed_context(timeline: Timeline) -> RuleHit | None:
     evidence: set[str] = set()
     anchor: EventFact | None = None  # the resume before the first credited replay
     for line in timeline.lines:
+        if not line.replay:
+            continue  # most lines: no need to look for the resumes before them
         before = [r for r in resumes if r.time <= line.time]
-        if not line.replay or (line.attempt == 1 and not before):
+        if line.attempt == 1 and not before:
             continue
         resume = max(before, key=event_key, default=None)
         if not line_ids:

@@ -1,10 +1,18 @@
 """What-if: replay a period's settled runs through ``decide`` under a candidate policy.
 
 Read-only (the transaction is set READ ONLY before anything is read): it loads each run's
-facts the way settlement does, decides it twice — under the policy version that made its
-decision in force, and under the candidate — and applies support's credits and releases to
-both, as settlement would. The first replay must reproduce the stored decision exactly; the
-report counts the runs it did, so a replay that drifted from settlement shows itself.
+facts, decides it under the candidate and applies support's credits and releases, as
+settlement would. A sample of the runs (the first ``CHECK_ALL`` and one in ``CHECK_EVERY``
+after them; every run when asked) is also decided under the policy version that made its
+decision, which must reproduce the stored decision exactly; the report counts the runs
+checked and reproduced, so a replay that drifted from settlement shows itself.
+
+Speed (issue #17 asks for 100,000 runs in seconds): the facts are read the way ``decide``
+uses them, not the way settlement stores them. ``run.usage`` events are not read: ingest
+stores each with exactly one usage line carrying its time and its name (one statement,
+``metering/ingest/store.py``), and the policy reads nothing of a usage event that its line
+does not carry (its time, for a run that ended without a terminal event). The usage query
+brings the tokens too, so the provider cost of each line is priced in the same pass.
 
 The R8 cap reads the customer's period as it stood when the run was decided (recorded on the
 decision). Under the candidate, the automatic credits and refunds of the customer's runs
@@ -17,35 +25,40 @@ memory holds one batch and the per-customer sums, not the period.
 
 from __future__ import annotations
 
+import gc
+import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import msgspec
 import psycopg
 
-from metering.policies.versions import list_versions, parse_over
+from metering.policies.versions import list_versions
 from metering.policy import HELD_FOR_REVIEW, REFUNDED, CustomerPeriod, Decision, RunFacts, decide
 from metering.policy.document import PolicyDocument
 from metering.policy.ending import ending_of_events
-from metering.policy.facts import PolicyConfig
+from metering.policy.facts import EventFact, PolicyConfig, UsageLine
 from metering.policy.support import SupportGrant, apply_support, covered_credit_micros
 from metering.prices import PROVIDER_COSTS, load_catalog
-from metering.pricing import PriceCatalog, TokenCounts, UnknownModelError
-from metering.settlement.repo import load_evidence
-from metering.statements.query import parse_period
+from metering.pricing import PriceCatalog
 
-BATCH = 500
+BATCH = 2_000
 EXAMPLES = 5
+CHECK_ALL = 1_000  # runs of a replay (of each shard) all checked against their stored decision
+CHECK_EVERY = 16  # then one run in this many
 
 RUNS = """
 SELECT r.id, r.subject, r.customer_id, r.ended_at, r.terminal_at IS NULL, r.support_released,
        r.auto_credited_micros, d.outcome, d.billed_micros, d.credited_micros,
        d.credited_line_ids, d.rule_ids, d.evidence_event_ids, d.explanation, d.policy_version,
        d.period_gross_micros, d.period_auto_credited_micros, d.period_auto_refunded_runs,
-       r.gross_micros
+       r.gross_micros, r.support_credit_micros > 0
 FROM runs r JOIN decisions d ON d.run_id = r.id AND d.version = r.decision_version
 WHERE r.tenant_id = %(tenant)s AND r.period = %(period)s AND r.decision_version > 0
+  AND (hashtext(r.customer_id) & 2147483647) %% %(shards)s = %(shard)s
 ORDER BY r.customer_id, r.ended_at, r.id
 """
 
@@ -66,6 +79,13 @@ class Position:
     @property
     def margin_after_micros(self) -> int:
         return self.billed_micros - self.provider_cost_micros
+
+    def merge(self, other: Position) -> None:
+        self.billed_micros += other.billed_micros
+        self.credited_micros += other.credited_micros
+        self.held_micros += other.held_micros
+        self.provider_cost_micros += other.provider_cost_micros
+        self.credited_provider_cost_micros += other.credited_provider_cost_micros
 
     def add(
         self, outcome: str, gross: int, billed: int, credited: int, cost: int, credited_cost: int
@@ -96,7 +116,8 @@ class WhatIf:
     period: str
     candidate: PolicyDocument
     runs: int = 0
-    reproduced: int = 0  # runs whose replay under their own policy equals the stored decision
+    checked: int = 0  # runs also replayed under the policy that decided them
+    reproduced: int = 0  # checked runs whose replay there equals the stored decision
     not_reproduced: list[str] = field(default_factory=list)  # a few examples
     # Usage lines of a model the cost catalog has no cost for (counted at no cost).
     uncosted_lines: int = 0
@@ -118,13 +139,26 @@ class _Run:
     recorded: CustomerPeriod | None
     gross_micros: int
     ended_at: datetime
+    has_grants: bool
 
 
-def _runs(conn: psycopg.Connection[Any], tenant: str, period: str) -> Iterator[list[_Run]]:
+@dataclass(frozen=True)
+class Shard:
+    """One of ``of`` disjoint sets of a period's customers (by a hash of the customer id):
+    the R8 cap reads a customer's runs in end order, so a customer is never split."""
+
+    index: int = 0
+    of: int = 1
+
+
+def _runs(
+    conn: psycopg.Connection[Any], tenant: str, period: str, shard: Shard
+) -> Iterator[list[_Run]]:
     # One query through a server-side cursor: sorted once, fetched a batch at a time (paging
     # with a key re-sorted the period for every batch, quadratic in its runs).
     with conn.cursor(name="what_if_runs") as cursor:
-        cursor.execute(RUNS, {"tenant": tenant, "period": period})
+        params = {"tenant": tenant, "period": period, "shards": shard.of, "shard": shard.index}
+        cursor.execute(RUNS, params)
         while rows := cursor.fetchmany(BATCH):
             yield [_run(row) for row in rows]
 
@@ -146,7 +180,83 @@ def _run(row: tuple[Any, ...]) -> _Run:
         recorded=recorded,
         gross_micros=int(row[18]),
         ended_at=row[3],
+        has_grants=row[19],
     )
+
+
+REPLAY_EVENTS = """
+SELECT run_id, source || '/' || event_id, type, time, data::text FROM events
+WHERE run_id = ANY(%(ids)s) AND type <> 'run.usage'
+"""
+
+REPLAY_USAGE = """
+SELECT u.run_id, u.id, '', u.step, u.attempt, u.tool_call_id, u.replay, u.gross_micros,
+       u.time, u.model, u.input_tokens, u.cached_input_tokens, u.output_tokens
+FROM usage_lines u
+WHERE u.run_id = ANY(%(ids)s)
+"""
+
+# A usage line's name ("source/id" of its event) is cited only as evidence, which the
+# candidate's decision is not asked for; looking it up costs a probe of the events' primary
+# key per line, so only the runs checked against their stored decision are read with it.
+REPLAY_USAGE_NAMED = """
+SELECT u.run_id, u.id, e.source || '/' || e.event_id, u.step, u.attempt, u.tool_call_id,
+       u.replay, u.gross_micros, u.time, u.model, u.input_tokens, u.cached_input_tokens,
+       u.output_tokens
+FROM usage_lines u JOIN events e ON e.id = u.event_pk
+WHERE u.run_id = ANY(%(ids)s)
+"""
+
+
+@dataclass
+class _Facts:
+    """A batch's facts as ``decide`` reads them, and the provider cost of each usage line."""
+
+    events: dict[int, list[EventFact]]
+    usage: dict[int, list[UsageLine]]
+    line_costs: dict[int, dict[int, int]]
+    grants: dict[int, list[SupportGrant]]
+
+
+def _facts(
+    conn: psycopg.Connection[Any],
+    runs: list[_Run],
+    checked: list[int],
+    costs: PriceCatalog,
+    report: WhatIf,
+) -> _Facts:
+    """The batch's facts; the usage lines of runs not in ``checked`` have no name (their
+    candidate decision's evidence ids are not read, and nothing else reads a name)."""
+    params = {"ids": [r.run_id for r in runs]}
+    event_rows = conn.execute(REPLAY_EVENTS, params).fetchall()
+    bodies = msgspec.json.decode("[" + ",".join(row[4] for row in event_rows) + "]")
+    events: dict[int, list[EventFact]] = {}
+    for (run_id, event_id, type_, time, _), data in zip(event_rows, bodies, strict=True):
+        events.setdefault(run_id, []).append(EventFact(event_id, type_, time, data))
+    usage: dict[int, list[UsageLine]] = {}
+    line_costs: dict[int, dict[int, int]] = {}
+    named = set(checked)
+    usage_rows = conn.execute(
+        REPLAY_USAGE, {"ids": [r.run_id for r in runs if r.run_id not in named]}
+    ).fetchall()
+    if checked:
+        usage_rows += conn.execute(REPLAY_USAGE_NAMED, {"ids": checked}).fetchall()
+    # The loop over every usage line of the period: local names, no helper calls.
+    total_micros, uncosted = costs.total_micros, 0
+    for run_id, line_id, name, step, attempt, tool, replay_, gross, at, *priced in usage_rows:
+        lines = usage.get(run_id)
+        if lines is None:
+            lines = usage[run_id] = []
+            line_costs[run_id] = {}
+        lines.append(UsageLine(line_id, name, step, attempt, tool, replay_, gross, at))
+        model, input_tokens, cached_input_tokens, output_tokens = priced
+        cost = total_micros(model, input_tokens, cached_input_tokens, output_tokens, at)
+        if cost is None:  # a model the cost catalog has no cost for: counted, at none
+            cost, uncosted = 0, uncosted + 1
+        line_costs[run_id][line_id] = cost
+    report.uncosted_lines += uncosted
+    with_grants = [r.run_id for r in runs if r.has_grants]
+    return _Facts(events, usage, line_costs, _grants(conn, with_grants) if with_grants else {})
 
 
 def _grants(conn: psycopg.Connection[Any], run_ids: list[int]) -> dict[int, list[SupportGrant]]:
@@ -204,30 +314,60 @@ def _auto(decision: Decision) -> tuple[int, int]:
     return credit, int(decision.outcome == REFUNDED and credit > 0)
 
 
-def what_if(
-    conn: psycopg.Connection[Any],
-    tenant: str,
-    period: str,
-    raw: object,
-    defaults: PolicyDocument,
-    now: datetime,
-) -> WhatIf:
-    """The what-if of ``raw`` (fields left out keep the latest version's values) over the
-    tenant's runs settled in ``period`` (YYYY-MM or "current"); 422 for a bad period or
-    document."""
-    month = parse_period(period, now)
-    latest = list_versions(conn, tenant, defaults)[-1]
-    return replay_period(conn, tenant, month, parse_over(raw, latest.document), defaults)
-
-
 def replay_period(
     conn: psycopg.Connection[Any],
     tenant: str,
     period: str,
     candidate: PolicyDocument,
     defaults: PolicyDocument,
+    *,
+    check_all: bool = False,
+    shard: Shard = Shard(),
 ) -> WhatIf:
-    """Replay the tenant's runs settled in ``period`` (YYYY-MM) under ``candidate``."""
+    """Replay the tenant's runs settled in ``period`` (YYYY-MM) under ``candidate`` (only
+    the customers of ``shard``); ``check_all`` checks every run against its stored
+    decision, not a sample."""
+    with collector_paused():
+        return _replay(conn, tenant, period, candidate, defaults, check_all, shard)
+
+
+_paused = 0
+_was_enabled = True
+_paused_lock = threading.Lock()
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while replays run (on again after the last).
+
+    A replay allocates millions of small objects (facts, decisions) that reference counting
+    frees and that form no cycles; the collector, triggered by allocation counts, walked
+    them over and over: two fifths of a replay's time (bench/whatif.py).
+    """
+    global _paused, _was_enabled
+    with _paused_lock:
+        if _paused == 0:
+            _was_enabled = gc.isenabled()
+        _paused += 1
+        gc.disable()
+    try:
+        yield
+    finally:
+        with _paused_lock:
+            _paused -= 1
+            if _paused == 0 and _was_enabled:
+                gc.enable()
+
+
+def _replay(
+    conn: psycopg.Connection[Any],
+    tenant: str,
+    period: str,
+    candidate: PolicyDocument,
+    defaults: PolicyDocument,
+    check_all: bool,
+    shard: Shard,
+) -> WhatIf:
     conn.execute("SET TRANSACTION READ ONLY")
     configs: dict[int, PolicyConfig] = {
         v.version: v.document.config() for v in list_versions(conn, tenant, defaults)
@@ -236,24 +376,26 @@ def replay_period(
     report = WhatIf(period, candidate)
     running: dict[str, _Running] = {}
     costs = load_catalog(conn, PROVIDER_COSTS)
-    for batch in _runs(conn, tenant, period):
-        ids = [r.run_id for r in batch]
-        evidence, grants = load_evidence(conn, ids), _grants(conn, ids)
-        line_costs = _line_costs(conn, ids, costs, report)
+    for batch in _runs(conn, tenant, period, shard):
+        checks = {
+            run.run_id
+            for i, run in enumerate(batch, start=report.runs)
+            if check_all or i < CHECK_ALL or i % CHECK_EVERY == 0
+        }
+        facts_of = _facts(conn, batch, sorted(checks), costs, report)
         for run in batch:
             state = running.setdefault(run.customer, _Running())
-            facts = RunFacts(
-                tuple(evidence.events.get(run.run_id, ())),
-                tuple(evidence.usage.get(run.run_id, ())),
-                run.abandoned,
-            )
-            run_grants = grants.get(run.run_id, [])
-            own_period = _period(run, state, candidate=False)
-            own_made, own = _settle(run, facts, run_grants, configs[run.policy_version], own_period)
-            new_period = _period(run, state, candidate=True)
-            new_made, new = _settle(run, facts, run_grants, config, new_period)
-            _tally(report, run, own, new, line_costs.get(run.run_id, {}))
-            _advance(state, run, own_made, new_made)
+            events = tuple(facts_of.events.get(run.run_id, ()))
+            usage = tuple(facts_of.usage.get(run.run_id, ()))
+            grants = facts_of.grants.get(run.run_id, [])
+            if run.run_id in checks:
+                facts = RunFacts(events, usage, run.abandoned, _period(run, state, candidate=False))
+                own_policy = configs[run.policy_version]
+                _check(report, run, _settle(run, facts, grants, own_policy, explained=True)[1])
+            facts = RunFacts(events, usage, run.abandoned, _period(run, state, candidate=True))
+            new_made, new = _settle(run, facts, grants, config, explained=False)
+            _tally(report, run, new, facts_of.line_costs.get(run.run_id, {}))
+            _advance(state, run, new_made)
     return report
 
 
@@ -262,10 +404,13 @@ def _settle(
     facts: RunFacts,
     grants: list[SupportGrant],
     policy: PolicyConfig,
-    period: CustomerPeriod,
+    *,
+    explained: bool,
 ) -> tuple[Decision, Decision]:
     """(the policy's decision, the decision after support), as ``settle_runs`` makes them."""
-    made = decide(replace(facts, period=period), policy)
+    made = decide(facts, policy, explained=explained)
+    if not grants and not run.released:
+        return made, made  # what apply_support gives back when support did nothing
     return made, apply_support(
         made,
         extra_credit_micros=covered_credit_micros(grants, facts.usage, made.credited_line_ids),
@@ -274,47 +419,28 @@ def _settle(
     )
 
 
-def _advance(state: _Running, run: _Run, own: Decision, new: Decision) -> None:
-    own_credit, own_refund = _auto(own)
+def _advance(state: _Running, run: _Run, new: Decision) -> None:
+    """The customer's period after ``run``: the stored automatic credit and refund (what
+    settlement counted, which a checked replay reproduces), and the candidate's change."""
     new_credit, new_refund = _auto(new)
     stored_refund = int(run.stored[0] == REFUNDED and run.auto_credited_micros > 0)
     state.gross_micros += run.gross_micros
-    state.credited_micros += own_credit
-    state.refunded_runs += own_refund
+    state.credited_micros += run.auto_credited_micros
+    state.refunded_runs += stored_refund
     state.credit_delta_micros += new_credit - run.auto_credited_micros
     state.refund_delta += new_refund - stored_refund
 
 
-USAGE_COSTED = """
-SELECT run_id, id, model, input_tokens, cached_input_tokens, output_tokens, time
-FROM usage_lines WHERE run_id = ANY(%(ids)s)
-"""
-
-
-def _line_costs(
-    conn: psycopg.Connection[Any], run_ids: list[int], costs: PriceCatalog, report: WhatIf
-) -> dict[int, dict[int, int]]:
-    """Run id → usage line id → what the line cost the platform (0, counted, if unknown)."""
-    found: dict[int, dict[int, int]] = {}
-    for run_id, line_id, model, inp, cached, out, at in conn.execute(
-        USAGE_COSTED, {"ids": run_ids}
-    ).fetchall():
-        try:
-            cost = costs.price_usage(model, TokenCounts(inp, cached, out), at).total_micros
-        except UnknownModelError:
-            cost, report.uncosted_lines = 0, report.uncosted_lines + 1
-        found.setdefault(run_id, {})[line_id] = cost
-    return found
-
-
-def _tally(
-    report: WhatIf, run: _Run, own: Decision, new: Decision, line_costs: dict[int, int]
-) -> None:
-    report.runs += 1
+def _check(report: WhatIf, run: _Run, own: Decision) -> None:
+    report.checked += 1
     if _comparable(own) == run.stored:
         report.reproduced += 1
     elif len(report.not_reproduced) < EXAMPLES:
         report.not_reproduced.append(run.subject)
+
+
+def _tally(report: WhatIf, run: _Run, new: Decision, line_costs: dict[int, int]) -> None:
+    report.runs += 1
     side = report.customers.setdefault(run.customer, Side())
     outcome, billed, credited = run.stored[0], run.stored[1], run.stored[2]
     cost = sum(line_costs.values())
@@ -336,3 +462,25 @@ def _tally(
         change.runs += 1
         if len(change.examples) < EXAMPLES:
             change.examples.append(run.subject)
+
+
+def merge_reports(reports: list[WhatIf]) -> WhatIf:
+    """One report of the shards' reports (disjoint customers) of one period and candidate."""
+    merged = WhatIf(reports[0].period, reports[0].candidate)
+    for report in reports:
+        merged.runs += report.runs
+        merged.checked += report.checked
+        merged.reproduced += report.reproduced
+        merged.uncosted_lines += report.uncosted_lines
+        merged.not_reproduced.extend(report.not_reproduced)
+        merged.total.current.merge(report.total.current)
+        merged.total.candidate.merge(report.total.candidate)
+        merged.customers.update(report.customers)
+        for key, change in report.changes.items():
+            into = merged.changes.setdefault(key, Change())
+            into.runs += change.runs
+            into.examples.extend(change.examples)
+    merged.not_reproduced = merged.not_reproduced[:EXAMPLES]
+    for change in merged.changes.values():
+        change.examples = change.examples[:EXAMPLES]
+    return merged

@@ -156,7 +156,8 @@ def test_what_if_prices_a_candidate_and_writes_nothing(client, make_key, engine,
     )
     assert reply.status_code == 200, reply.text
     body = reply.json()
-    assert (body["runs"], body["reproduced"], body["not_reproduced_examples"]) == (2, 2, [])
+    assert (body["runs"], body["checked"], body["reproduced"]) == (2, 2, 2)
+    assert body["not_reproduced_examples"] == []
     assert body["candidate"]["rules"]["R4"] is False
     assert body["changes"] == [
         {"old_outcome": "refunded", "new_outcome": "confirmed", "runs": 1, "example_runs": ["drop"]}

@@ -76,7 +76,7 @@ def test_the_cli_sets_shows_and_diffs_policy_versions(engine, settings, db, tmp_
     assert whatif.returncode == 0, whatif.stderr
     # The latest version (R4 off) under the candidate: the refunded run would be billed.
     lines = whatif.stdout.splitlines()
-    assert lines[0] == f"1 run(s) of {period}; 1 reproduced"
+    assert lines[0] == f"1 run(s) of {period}; 1 of 1 checked reproduced"
     total = [int(figure) for figure in lines[-2].split("\t")[1:]]
     gross = total[2]  # all credited in force, all billed under the candidate, none held
     assert lines[-2].startswith("TOTAL\t") and gross > 0

@@ -21,6 +21,7 @@ from metering.policies.versions import create_version
 from metering.policy.document import parse_policy
 from metering.protection.query import protection_report
 from metering.settlement import replay
+from metering.settlement.replay_shards import Parallelism, replay_period_parallel
 from metering.settlement.runner import settle_due_now
 from tests.helpers.events import event
 from tests.helpers.ingest import ingest
@@ -141,3 +142,34 @@ def test_replay_reproduces_every_stored_decision_and_prices_a_candidate(engine, 
     assert generous.total.candidate.credited_provider_cost_micros > (
         generous.total.current.credited_provider_cost_micros
     )
+
+
+def test_a_period_replayed_on_three_processes_is_the_period_replayed_on_one(engine, settings, db):
+    """The shards split the customers (none in two shards, none left out), read one snapshot
+    and merge into the report one process gives: totals, customers, changes, checks."""
+    tenant = f"pol-{uuid.uuid4().hex[:12]}"
+    month(engine, settings, tenant)
+    (period,) = db.execute(
+        "SELECT DISTINCT period FROM runs WHERE tenant_id = %s", (tenant,)
+    ).fetchone()
+    (shards_used,) = db.execute(
+        "SELECT count(DISTINCT (hashtext(customer_id) & 2147483647) %% 3) FROM runs "
+        "WHERE tenant_id = %s",
+        (tenant,),
+    ).fetchone()
+    assert shards_used >= 2  # the split is real: more than one process had customers
+    candidate = {"rules": {"R8": False, "R7": {"action": "hold"}}}
+    one = whatif(engine, settings, tenant, period, candidate)
+    defaults = settings_policy(settings)
+    parallelism = Parallelism(settings.libpq_url(), processes=3, from_runs=1)
+    with raw_transaction(engine) as conn:
+        three = replay_period_parallel(
+            conn, tenant, period, parse_policy(candidate, defaults=defaults), defaults, parallelism
+        )
+    assert (three.runs, three.checked, three.reproduced) == (60, 60, 60)
+    assert three.total == one.total
+    assert three.customers == one.customers
+    assert {k: c.runs for k, c in three.changes.items()} == {
+        k: c.runs for k, c in one.changes.items()
+    }
+    assert three.uncosted_lines == one.uncosted_lines

@@ -183,6 +183,16 @@ def test_billed_plus_credited_equals_gross_and_nothing_is_negative(facts: RunFac
 
 
 @FAST
+@given(runs(period=customer_periods()))
+def test_a_decision_without_words_differs_only_in_its_words(facts: RunFacts) -> None:
+    # What-if decides a whole period with explained=False: the amounts, lines, rules and
+    # evidence must be exactly those of the explained decision.
+    explained, bare = decide(facts), decide(facts, explained=False)
+    assert (bare.explanation, bare.story) == ("", "")
+    assert replace(bare, explanation=explained.explanation, story=explained.story) == explained
+
+
+@FAST
 @given(runs())
 def test_ids_are_sorted_unique_and_refer_to_the_run(facts: RunFacts) -> None:
     decision = decide(facts)

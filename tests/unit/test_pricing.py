@@ -90,6 +90,34 @@ def test_usage_total_is_the_sum_of_its_class_lines(input_tokens, cached, output)
     assert all(isinstance(v, int) for v in (priced.input_micros, priced.output_micros))
 
 
+SHARED = catalog()
+
+
+@given(
+    st.sampled_from(["m", "other"]),
+    st.integers(0, 10**9),
+    st.integers(0, 10**9),
+    st.integers(0, 10**9),
+    st.datetimes(
+        min_value=datetime(2025, 6, 1), max_value=datetime(2027, 6, 1), timezones=st.just(UTC)
+    ),
+)
+def test_the_allocation_free_total_is_price_usage_total_or_none_where_it_raises(
+    model, input_tokens, cached, output, at
+):
+    # What-if prices every usage line of a period with ``total_micros``; the protection
+    # report with ``price_usage``: one line must cost the same in both. One catalog for
+    # every example, so its cache of the prices in force meets times on both sides of a
+    # price change, in any order.
+    try:
+        expected = SHARED.price_usage(model, TokenCounts(input_tokens, cached, output), at)
+    except UnknownModelError:
+        assert SHARED.total_micros(model, input_tokens, cached, output, at) is None
+    else:
+        total = SHARED.total_micros(model, input_tokens, cached, output, at)
+        assert total == expected.total_micros
+
+
 @pytest.mark.parametrize(
     ("micros", "text"), [(1_425_000, "1.42"), (1_435_000, "1.44"), (0, "0.00"), (5, "0.00")]
 )
