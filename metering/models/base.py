@@ -36,3 +36,24 @@ def timestamp_field(*, nullable: bool = False, default_now: bool = False) -> Any
 def micros_field(*, nullable: bool = False) -> Any:
     """A BIGINT micro-USD amount."""
     return Field(default=None, sa_column=sa.Column(sa.BigInteger, nullable=nullable))
+
+
+def tenant_id_field() -> Any:
+    """The row's id, second column of its primary key ``(tenant_id, id)`` (issue #18).
+
+    Ids still come from the table's own sequence, so they stay unique in practice and the
+    code may still find a row by id alone; the database enforces uniqueness per tenant,
+    which is what a table distributed by tenant can enforce.
+    """
+    return Field(
+        default=None,
+        primary_key=True,
+        sa_type=sa.BigInteger,
+        sa_column_kwargs={"autoincrement": True},
+    )
+
+
+def tenant_primary_key(*columns: str) -> sa.PrimaryKeyConstraint:
+    """``PRIMARY KEY (tenant_id, *columns)``: every tenant table's key leads with its tenant,
+    so the key can be enforced on one shard (docs/scaling.md)."""
+    return sa.PrimaryKeyConstraint("tenant_id", *columns)
