@@ -127,3 +127,83 @@ def test_a_key_without_the_tenant_is_caught(database_url):
         "later_table('id',) lacks the tenant on a side",
         "later_table: primary key later_table_pkey ('id',) lacks tenant_id",
     ]
+
+
+def test_the_models_primary_keys_are_the_databases(database_url):
+    """Alembic's comparison (test_migrations.py) does not look at primary keys: this does,
+    column order included, so a model cannot drift back to a key without the tenant."""
+    from metering.models import metadata
+
+    with psycopg.connect(database_url) as conn:
+        stored = dict(conn.execute(PRIMARY_KEYS).fetchall())
+    declared = {t.name: [c.name for c in t.primary_key.columns] for t in metadata.sorted_tables}
+    assert declared == {name: stored[name] for name in declared}
+
+
+PRIMARY_KEYS = """
+SELECT c.relname,
+       array(SELECT a.attname FROM unnest(i.indkey) WITH ORDINALITY AS k(n, o)
+             JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.n ORDER BY k.o)
+FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid
+JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE i.indisprimary AND n.nspname = 'public'
+"""
+
+# Rows of one tenant as 0020 stored them: the three child tables without a tenant_id yet.
+ROWS_BEFORE_0021 = """
+INSERT INTO tenants (id) VALUES ('old');
+INSERT INTO customers (tenant_id, id) VALUES ('old', 'c1');
+INSERT INTO runs (id, tenant_id, subject, customer_id, first_event_at, last_event_at,
+                  last_received_at, event_count)
+VALUES (7, 'old', 'run-7', 'c1', now(), now(), now(), 1);
+INSERT INTO events (id, tenant_id, source, event_id, type, run_id, time, received_at,
+                    body_hash, attributes, data)
+VALUES (11, 'old', 'agent', 'e1', 'run.usage', 7, now(), now(), '\\x00', '{}', '{}');
+INSERT INTO usage_lines (id, event_pk, run_id, model, step, attempt, replay, input_tokens,
+                         cached_input_tokens, output_tokens, input_micros, cached_input_micros,
+                         output_micros, gross_micros, time)
+VALUES (13, 11, 7, 'm', 1, 1, false, 1, 0, 0, 5, 0, 0, 5, now());
+INSERT INTO api_keys (key_id, tenant_id, scope, secret_hmac) VALUES ('k1', 'old', 'admin', 'x');
+INSERT INTO console_sessions (token_sha256, key_id, expires_at) VALUES ('t1', 'k1', now());
+INSERT INTO notifications (id, tenant_id, customer_id, run_id, type, data)
+VALUES (17, 'old', 'c1', 7, 'run.settled', '{}');
+INSERT INTO webhook_endpoints (id, tenant_id, url, enabled, secret_seed)
+VALUES ('ep1', 'old', 'https://example.test/hook', true, 's');
+INSERT INTO webhook_messages (id, msg_id, tenant_id, endpoint_id, notification_id, type,
+                              payload, status)
+VALUES (19, 'msg1', 'old', 'ep1', 17, 'run.settled', '{}', 'delivered');
+INSERT INTO webhook_attempts (message_id, attempt, outcome, started_at, latency_ms)
+VALUES (19, 1, 'delivered', now(), 3);
+"""
+
+
+def test_0021_gives_existing_child_rows_their_parents_tenant_and_downgrades():
+    """Usage lines, console sessions and webhook attempts stored before 0021 get the tenant
+    of their run, key and message; going back to 0020 keeps every row."""
+    import os
+
+    from metering.migrate import downgrade, upgrade
+    from tests.helpers.services import drop_database, recreate_database, server_database_url
+
+    url = recreate_database(server_database_url(), f"fairmeter_test_tenant_keys_{os.getpid()}")
+    try:
+        upgrade(url, "0020")
+        with psycopg.connect(url) as conn:
+            conn.execute(ROWS_BEFORE_0021)
+        upgrade(url, "0021")
+        with psycopg.connect(url) as conn:
+            tenants = [
+                conn.execute(f"SELECT tenant_id FROM {table}").fetchall()
+                for table in ("usage_lines", "console_sessions", "webhook_attempts")
+            ]
+            assert tenants == [[("old",)]] * 3
+            assert tenant_key_violations(conn) == []
+        downgrade(url, "0020")
+        with psycopg.connect(url) as conn:
+            counts = [
+                conn.execute(f"SELECT count(*) FROM {table}").fetchone()
+                for table in ("usage_lines", "console_sessions", "webhook_attempts")
+            ]
+        assert counts == [(1,)] * 3
+    finally:
+        drop_database(server_database_url(), f"fairmeter_test_tenant_keys_{os.getpid()}")
