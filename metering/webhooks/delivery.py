@@ -287,7 +287,8 @@ def record(
 RECORD_DELIVERED_ATTEMPTS = """
 INSERT INTO webhook_attempts (tenant_id, message_id, attempt, outcome, started_at,
                               status_code, latency_ms, response_excerpt)
-SELECT m.tenant_id, m.id, x.attempt, 'delivered', x.started_at, x.status_code, x.latency_ms, x.excerpt
+SELECT m.tenant_id, m.id, x.attempt, 'delivered', x.started_at, x.status_code, x.latency_ms,
+       x.excerpt
 FROM unnest(%s::bigint[], %s::int[], %s::timestamptz[], %s::int[], %s::int[], %s::text[])
      AS x(id, attempt, started_at, status_code, latency_ms, excerpt)
 JOIN webhook_messages m ON m.id = x.id
