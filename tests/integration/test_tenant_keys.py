@@ -120,7 +120,7 @@ def test_a_key_without_the_tenant_is_caught(database_url):
             "CREATE TABLE later_child (tenant_id varchar(64), id bigint, "
             "parent_id bigint REFERENCES later_table (id), PRIMARY KEY (tenant_id, id))"
         )
-        found = tenant_key_violations(conn)
+        found = [line for line in tenant_key_violations(conn) if line.startswith("later_")]
         conn.rollback()
     assert found == [
         "later_child: foreign key later_child_parent_id_fkey ('parent_id',) -> "
