@@ -207,3 +207,27 @@ def test_0021_gives_existing_child_rows_their_parents_tenant_and_downgrades():
         assert counts == [(1,)] * 3
     finally:
         drop_database(server_database_url(), f"fairmeter_test_tenant_keys_{os.getpid()}")
+
+
+# Plain (not unique, not partial) indexes whose columns lead another index of their table:
+# the longer index serves every lookup the shorter one does, so the shorter is pure cost.
+REDUNDANT_INDEXES = """
+WITH ix AS (
+    SELECT i.indrelid::regclass::text AS tbl, c.relname AS name, i.indisunique AS uniq,
+           i.indpred IS NOT NULL AS partial, (i.indkey::int2[])[0:] AS cols
+    FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+    JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = 'public'
+)
+SELECT a.tbl, a.name, b.name FROM ix a JOIN ix b ON a.tbl = b.tbl AND a.name <> b.name
+WHERE NOT a.uniq AND NOT a.partial AND NOT b.partial
+  AND cardinality(a.cols) <= cardinality(b.cols) AND b.cols[1:cardinality(a.cols)] = a.cols
+ORDER BY 1, 2, 3
+"""
+
+
+def test_no_index_is_made_redundant_by_another(database_url):
+    """Re-keying moved ``tenant_id`` to the front of many keys; an old index on
+    ``tenant_id`` alone (as ``api_keys`` had) would then be a duplicate: none is left."""
+    with psycopg.connect(database_url) as conn:
+        assert conn.execute(REDUNDANT_INDEXES).fetchall() == []
