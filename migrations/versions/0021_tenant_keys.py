@@ -23,6 +23,12 @@ Reference tables (prices, provider costs) and the tables that are not a tenant's
 Stripe account's mirror, the fan-out cursor) stay as they are: the allow-list, with the
 reason for each, is in ``tests/deploy/test_tenant_keys.py``.
 
+Cost: one transaction that rebuilds the key indexes of every tenant table and backfills
+``usage_lines`` under ACCESS EXCLUSIVE locks, so ingest and settlement wait for it: fine on
+the databases that exist today, a maintenance window on a large one. (Online, the same
+change is: ``CREATE UNIQUE INDEX CONCURRENTLY`` each new key, then ``ADD CONSTRAINT … USING
+INDEX``, foreign keys ``NOT VALID`` then ``VALIDATE CONSTRAINT``, each its own transaction.)
+
 Downgrade restores the single-column keys. It works as long as the ids are still unique
 across tenants, which the sequences guarantee unless rows were written with explicit ids.
 
