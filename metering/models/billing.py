@@ -28,8 +28,6 @@ class StripeOutboxRow(SQLModel, table=True):
         # One row per decision version; the tenant last, so the key serves by-run lookups.
         sa.UniqueConstraint("run_id", "decision_version", "tenant_id"),
         sa.ForeignKeyConstraint(["tenant_id", "run_id"], ["runs.tenant_id", "runs.id"]),
-        # Pushers claim and update rows by id alone.
-        sa.Index("ix_stripe_outbox_id", "id"),
         sa.CheckConstraint(
             "status IN ('pending', 'waiting_customer', 'sent', 'dead', 'superseded')",
             name="status_known",

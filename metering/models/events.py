@@ -25,7 +25,7 @@ class RunRow(SQLModel, table=True):
     __tablename__ = "runs"
     __table_args__ = (
         # The target of the composite foreign keys of the run's children, which make the
-        # database refuse a row whose tenant is not its run's.
+        # database refuse a row whose tenant is not its run's; and a run's id alone finds it.
         tenant_primary_key("id"),
         sa.UniqueConstraint("tenant_id", "subject"),
         # And with the customer, for ledger entries and support credits.
@@ -57,8 +57,6 @@ class RunRow(SQLModel, table=True):
             postgresql_where=sa.text(f"{PENDING} AND claimed_until IS NOT NULL"),
         ),
         sa.Index("ix_runs_tenant_id_customer_id_period", "tenant_id", "customer_id", "period"),
-        # Tasks, sweeps and joins from child rows find a run by its id alone.
-        sa.Index("ix_runs_id", "id"),
     )
 
     id: int | None = tenant_id_field()

@@ -29,8 +29,6 @@ class NotificationRow(SQLModel, table=True):
             ["tenant_id", "customer_id"], ["customers.tenant_id", "customers.id"]
         ),
         sa.ForeignKeyConstraint(["tenant_id", "run_id"], ["runs.tenant_id", "runs.id"]),
-        # The fan-out and the replays read notifications by id, across tenants.
-        sa.Index("ix_notifications_id", "id"),
         # A customer's stream replays from here; a run's from the next.
         sa.Index("ix_notifications_tenant_id_customer_id_id", "tenant_id", "customer_id", "id"),
         sa.Index("ix_notifications_run_id_id", "run_id", "id"),

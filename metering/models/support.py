@@ -23,8 +23,6 @@ class DisputeRow(SQLModel, table=True):
         sa.Index("ix_disputes_run_id", "run_id"),
         tenant_primary_key("id"),
         sa.ForeignKeyConstraint(["tenant_id", "run_id"], ["runs.tenant_id", "runs.id"]),
-        # Resolutions update a dispute by its id alone.
-        sa.Index("ix_disputes_id", "id"),
     )
 
     id: int | None = tenant_id_field()

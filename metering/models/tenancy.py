@@ -25,8 +25,6 @@ class ApiKeyRow(SQLModel, table=True):
     __tablename__ = "api_keys"
     __table_args__ = (
         tenant_primary_key("key_id"),
-        # Authentication finds a key by its id before it knows the tenant.
-        sa.Index("ix_api_keys_key_id", "key_id"),
         sa.CheckConstraint(
             "scope IN ('ingest', 'customer', 'support', 'admin')", name="scope_known"
         ),
@@ -36,7 +34,9 @@ class ApiKeyRow(SQLModel, table=True):
     )
 
     key_id: str = Field(primary_key=True, max_length=32)
-    tenant_id: str = Field(foreign_key="tenants.id", max_length=64, primary_key=True)
+    tenant_id: str = Field(
+        foreign_key="tenants.id", max_length=64, primary_key=True, index=True
+    )
     scope: str = Field(max_length=16)
     customer_id: str | None = Field(default=None, max_length=128)
     secret_hmac: str = Field(max_length=64)
@@ -65,8 +65,6 @@ class ConsoleSessionRow(SQLModel, table=True):
     __tablename__ = "console_sessions"
     __table_args__ = (
         tenant_primary_key("token_sha256"),
-        # A request finds its session by the cookie's token alone.
-        sa.Index("ix_console_sessions_token_sha256", "token_sha256"),
         sa.Index("ix_console_sessions_key_id", "key_id"),
         sa.ForeignKeyConstraint(["tenant_id", "key_id"], ["api_keys.tenant_id", "api_keys.key_id"]),
     )

@@ -29,8 +29,6 @@ class WebhookEndpointRow(SQLModel, table=True):
     __table_args__ = (
         tenant_primary_key("id"),
         sa.Index("ix_webhook_endpoints_tenant_id_created_at", "tenant_id", "created_at"),
-        # Senders update an endpoint's health by its id alone.
-        sa.Index("ix_webhook_endpoints_id", "id"),
     )
 
     id: str = Field(primary_key=True, max_length=40)
@@ -69,8 +67,6 @@ class WebhookMessageRow(SQLModel, table=True):
         sa.ForeignKeyConstraint(
             ["tenant_id", "notification_id"], ["notifications.tenant_id", "notifications.id"]
         ),
-        # Senders record attempts and outcomes by message id alone.
-        sa.Index("ix_webhook_messages_id", "id"),
         sa.CheckConstraint("status IN ('pending', 'delivered', 'failed')", name="status_known"),
         sa.ForeignKeyConstraint(
             ["tenant_id", "endpoint_id"],

@@ -6,18 +6,20 @@ when their foreign key carries it. So every tenant table is re-keyed here:
 
 - the three child tables that had no ``tenant_id`` (usage lines, console sessions, webhook
   attempts) get one, filled from their parent, NOT NULL;
-- primary keys ``(id)`` become ``(tenant_id, id)``; the id sequences stay as they are, so
+- primary keys ``(id)`` become ``(id, tenant_id)``; the id sequences stay as they are, so
   ids remain unique in practice, but the database now enforces it per tenant only;
 - unique keys gain ``tenant_id`` as their last column, so the lookups by run, message or
   usage line that they serve keep their index (the event idempotency key ``(tenant_id,
   source, event_id)`` already had it and is untouched);
 - foreign keys become composite ``(tenant_id, x_id) REFERENCES parent (tenant_id, id)``.
 
-Where the code still finds a row by its id alone (a task given a run id, the outbox and
-the webhook senders claiming rows by id, a console session by its token), a plain index on
-that column replaces the old single-column primary key index, so no lookup loses its index
-and no table gains a duplicate: ``uq_runs_tenant_id_id`` and
-``uq_webhook_endpoints_tenant_id_id`` are dropped, being the new primary keys.
+The tenant comes last in the new primary keys, as in the unique keys: every lookup by id
+alone (a task given a run id, the outbox and webhook senders claiming rows by id, a console
+session by its token, a key by its id) keeps its index, no index is added, and
+``uq_runs_tenant_id_id`` and ``uq_webhook_endpoints_tenant_id_id`` go, the new primary keys
+of their tables serving their foreign keys. Led by the tenant, the primary key competed
+with the ``(tenant_id, …)`` indexes: on a table without statistics the planner took it for
+the event idempotency probe and ingest ran 10 x slower (docs/scaling.md).
 
 Reference tables (prices, provider costs) and the tables that are not a tenant's (the
 Stripe account's mirror, the fan-out cursor) stay as they are: the allow-list, with the
@@ -56,26 +58,26 @@ NEW_TENANT_COLUMNS = (
     ("webhook_attempts", "webhook_messages", "message_id", "id"),
 )
 
-# Primary keys: table → (old columns, new columns). Constraint names stay pk_<table>.
+# Primary keys: table → (old columns, new columns), the tenant last. Names stay pk_<table>.
 PRIMARY_KEYS = {
-    "api_keys": (["key_id"], ["tenant_id", "key_id"]),
-    "console_sessions": (["token_sha256"], ["tenant_id", "token_sha256"]),
-    "runs": (["id"], ["tenant_id", "id"]),
-    "events": (["id"], ["tenant_id", "id"]),
-    "usage_lines": (["id"], ["tenant_id", "id"]),
-    "ledger_entries": (["id"], ["tenant_id", "id"]),
-    "decisions": (["id"], ["tenant_id", "id"]),
-    "stripe_outbox": (["id"], ["tenant_id", "id"]),
-    "stripe_deliveries": (["id"], ["tenant_id", "id"]),
-    "statement_lines": (["run_id", "statement_period"], ["tenant_id", "run_id", "statement_period"]),
-    "audit_log": (["id"], ["tenant_id", "id"]),
-    "disputes": (["id"], ["tenant_id", "id"]),
-    "support_credits": (["id"], ["tenant_id", "id"]),
-    "notifications": (["id"], ["tenant_id", "id"]),
-    "webhook_endpoints": (["id"], ["tenant_id", "id"]),
-    "webhook_messages": (["id"], ["tenant_id", "id"]),
-    "webhook_attempts": (["id"], ["tenant_id", "id"]),
-    "policy_versions": (["id"], ["tenant_id", "id"]),
+    "api_keys": (["key_id"], ["key_id", "tenant_id"]),
+    "console_sessions": (["token_sha256"], ["token_sha256", "tenant_id"]),
+    "runs": (["id"], ["id", "tenant_id"]),
+    "events": (["id"], ["id", "tenant_id"]),
+    "usage_lines": (["id"], ["id", "tenant_id"]),
+    "ledger_entries": (["id"], ["id", "tenant_id"]),
+    "decisions": (["id"], ["id", "tenant_id"]),
+    "stripe_outbox": (["id"], ["id", "tenant_id"]),
+    "stripe_deliveries": (["id"], ["id", "tenant_id"]),
+    "statement_lines": (["run_id", "statement_period"], ["run_id", "statement_period", "tenant_id"]),
+    "audit_log": (["id"], ["id", "tenant_id"]),
+    "disputes": (["id"], ["id", "tenant_id"]),
+    "support_credits": (["id"], ["id", "tenant_id"]),
+    "notifications": (["id"], ["id", "tenant_id"]),
+    "webhook_endpoints": (["id"], ["id", "tenant_id"]),
+    "webhook_messages": (["id"], ["id", "tenant_id"]),
+    "webhook_attempts": (["id"], ["id", "tenant_id"]),
+    "policy_versions": (["id"], ["id", "tenant_id"]),
 }
 
 # Unique constraints: (table, old name, old columns, new name, new columns). A new name of
@@ -162,22 +164,6 @@ FOREIGN_KEYS: tuple[_FK, ...] = (
      "webhook_messages", ["id"], ["tenant_id", "id"], "CASCADE"),
 )
 
-# Lookups by id alone that the old single-column primary key served: (name, table, column).
-ID_INDEXES = (
-    ("ix_api_keys_key_id", "api_keys", "key_id"),
-    ("ix_console_sessions_token_sha256", "console_sessions", "token_sha256"),
-    ("ix_runs_id", "runs", "id"),
-    ("ix_stripe_outbox_id", "stripe_outbox", "id"),
-    ("ix_disputes_id", "disputes", "id"),
-    ("ix_notifications_id", "notifications", "id"),
-    ("ix_webhook_endpoints_id", "webhook_endpoints", "id"),
-    ("ix_webhook_messages_id", "webhook_messages", "id"),
-)
-
-# api_keys.tenant_id's own index is the new primary key's prefix: a duplicate, dropped.
-REDUNDANT_INDEXES = (("ix_api_keys_tenant_id", "api_keys", "tenant_id"),)
-
-
 def _cols(columns: list[str]) -> str:
     return ", ".join(columns)
 
@@ -250,18 +236,10 @@ def upgrade() -> None:
     _drop_fks(new=False)
     _swap_keys(new=True)
     _add_fks(new=True)
-    for name, table, column in ID_INDEXES:
-        op.execute(f"CREATE INDEX {name} ON {table} ({column})")
-    for name, _, _ in REDUNDANT_INDEXES:
-        op.execute(f"DROP INDEX {name}")
 
 
 def downgrade() -> None:
     """Downgrade schema."""
-    for name, table, column in REDUNDANT_INDEXES:
-        op.execute(f"CREATE INDEX {name} ON {table} ({column})")
-    for name, _, _ in ID_INDEXES:
-        op.execute(f"DROP INDEX {name}")
     _drop_fks(new=True)
     _swap_keys(new=False)
     _add_fks(new=False)
