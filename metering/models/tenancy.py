@@ -34,9 +34,7 @@ class ApiKeyRow(SQLModel, table=True):
     )
 
     key_id: str = Field(primary_key=True, max_length=32)
-    tenant_id: str = Field(
-        foreign_key="tenants.id", max_length=64, primary_key=True, index=True
-    )
+    tenant_id: str = Field(foreign_key="tenants.id", max_length=64, primary_key=True, index=True)
     scope: str = Field(max_length=16)
     customer_id: str | None = Field(default=None, max_length=128)
     secret_hmac: str = Field(max_length=64)
