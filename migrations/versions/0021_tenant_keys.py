@@ -6,8 +6,9 @@ when their foreign key carries it. So every tenant table is re-keyed here:
 
 - the three child tables that had no ``tenant_id`` (usage lines, console sessions, webhook
   attempts) get one, filled from their parent, NOT NULL;
-- primary keys ``(id)`` become ``(id, tenant_id)``; the id sequences stay as they are, so
-  ids remain unique in practice, but the database now enforces it per tenant only;
+- primary keys ``(id)`` become ``(id, tenant_id)`` (and the few keyed otherwise take
+  ``tenant_id`` last too); the id sequences stay as they are, so ids remain unique in
+  practice, but the database now enforces them only together with the tenant;
 - unique keys gain ``tenant_id`` as their last column, so the lookups by run, message or
   usage line that they serve keep their index (the event idempotency key ``(tenant_id,
   source, event_id)`` already had it and is untouched);
@@ -23,11 +24,11 @@ the event idempotency probe and ingest ran 10 x slower (docs/scaling.md).
 
 Reference tables (prices, provider costs) and the tables that are not a tenant's (the
 Stripe account's mirror, the fan-out cursor) stay as they are: the allow-list, with the
-reason for each, is in ``tests/deploy/test_tenant_keys.py``.
+reason for each, is in ``tests/integration/test_tenant_keys.py``.
 
 Cost: one transaction that rebuilds the key indexes of every tenant table and backfills
-``usage_lines`` under ACCESS EXCLUSIVE locks, so ingest and settlement wait for it: fine on
-the databases that exist today, a maintenance window on a large one. (Online, the same
+``usage_lines`` under ACCESS EXCLUSIVE locks, so ingest and settlement wait for it: plan a
+maintenance window on a large database. (Online, the same
 change is: ``CREATE UNIQUE INDEX CONCURRENTLY`` each new key, then ``ADD CONSTRAINT … USING
 INDEX``, foreign keys ``NOT VALID`` then ``VALIDATE CONSTRAINT``, each its own transaction.)
 
