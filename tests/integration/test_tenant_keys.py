@@ -227,7 +227,7 @@ ORDER BY 1, 2, 3
 
 
 def test_no_index_is_made_redundant_by_another(database_url):
-    """Re-keying moved ``tenant_id`` to the front of many keys; an old index on
-    ``tenant_id`` alone (as ``api_keys`` had) would then be a duplicate: none is left."""
+    """Re-keying added ``tenant_id`` to many keys; a key that led with it would have made an
+    index on ``tenant_id`` alone (as ``api_keys`` has) a duplicate. None is, nor any other."""
     with psycopg.connect(database_url) as conn:
         assert conn.execute(REDUNDANT_INDEXES).fetchall() == []
