@@ -38,8 +38,9 @@ def open_session(conn: psycopg.Connection[Any], principal: Principal, now: datet
     )
     token = secrets.token_urlsafe(32)
     conn.execute(
-        "INSERT INTO console_sessions (token_sha256, key_id, expires_at) VALUES (%s, %s, %s)",
-        (_digest(token), principal.key_id, now + SESSION_TTL),
+        "INSERT INTO console_sessions (token_sha256, tenant_id, key_id, expires_at) "
+        "VALUES (%s, %s, %s, %s)",
+        (_digest(token), principal.tenant_id, principal.key_id, now + SESSION_TTL),
     )
     return token
 
@@ -53,7 +54,8 @@ def session_principal(
         return None
     row = conn.execute(
         "SELECT k.tenant_id, k.scope, k.key_id, k.customer_id "
-        "FROM console_sessions s JOIN api_keys k ON k.key_id = s.key_id "
+        "FROM console_sessions s "
+        "JOIN api_keys k ON k.tenant_id = s.tenant_id AND k.key_id = s.key_id "
         "WHERE s.token_sha256 = %s AND s.expires_at > %s AND k.revoked_at IS NULL "
         "AND (k.expires_at IS NULL OR k.expires_at > %s)",
         (_digest(token), now, now),

@@ -68,7 +68,7 @@ def enqueue(conn: psycopg.Connection[Any], rows: Sequence[OutboxRow], *, unit_mi
              AS u(tenant_id text, customer_id text, run_id bigint, decision_version int,
                   target_billed_micros bigint, period text, event_timestamp timestamptz)
         JOIN customers cu ON cu.tenant_id = u.tenant_id AND cu.id = u.customer_id
-        ON CONFLICT (run_id, decision_version) DO NOTHING
+        ON CONFLICT (run_id, decision_version, tenant_id) DO NOTHING
         """,
         {"rows": msgspec.json.encode(rows).decode()},
     )
@@ -228,7 +228,7 @@ def _insert_deliveries(conn: psycopg.Connection[Any], done: Sequence[Delivery]) 
                     %s::timestamptz[], %s::text[], %s::text[], %s::text[], %s::bigint[])
              WITH ORDINALITY AS u(o, t, c, r, k, i, ci, m, un, ce, ts, ra, n, inv, cur, am, ord)
         ORDER BY ord
-        ON CONFLICT (kind, identifier) DO NOTHING
+        ON CONFLICT (kind, identifier, tenant_id) DO NOTHING
         """,
         columns,
     )

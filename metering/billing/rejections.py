@@ -187,7 +187,7 @@ def _reject(
                'rejected:' || identifier, identifier, -micros, units, 0, event_timestamp,
                %(now)s, %(note)s
         FROM stripe_deliveries WHERE kind = 'meter_event' AND identifier = %(identifier)s
-        ON CONFLICT (kind, identifier) DO NOTHING
+        ON CONFLICT (kind, identifier, tenant_id) DO NOTHING
         RETURNING run_id, tenant_id, customer_id, micros, units
         """,
         {"now": datetime.now(UTC), "note": f"{code} ({event_id})"[:200], "identifier": identifier},

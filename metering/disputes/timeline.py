@@ -141,8 +141,9 @@ def _stripe(conn: psycopg.Connection[Any], run_id: int) -> list[StripeState]:
                    'micros', d.micros, 'units', d.units, 'cents', d.cents,
                    'received_at', d.stripe_received_at, 'note', d.note) ORDER BY d.id)
                    FILTER (WHERE d.id IS NOT NULL), '[]')
-        FROM stripe_outbox o LEFT JOIN stripe_deliveries d ON d.outbox_id = o.id
-        WHERE o.run_id = %s GROUP BY o.id ORDER BY o.id
+        FROM stripe_outbox o
+        LEFT JOIN stripe_deliveries d ON d.tenant_id = o.tenant_id AND d.outbox_id = o.id
+        WHERE o.run_id = %s GROUP BY o.tenant_id, o.id ORDER BY o.id
         """,
         (run_id,),
     ).fetchall()

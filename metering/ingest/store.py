@@ -100,10 +100,10 @@ fresh AS (
     FROM inserted e JOIN input i ON i.source = e.source AND i.event_id = e.event_id
 ),
 lines AS (
-    INSERT INTO usage_lines (event_pk, run_id, model, step, attempt, tool_call_id, replay,
-                             input_tokens, cached_input_tokens, output_tokens,
+    INSERT INTO usage_lines (tenant_id, event_pk, run_id, model, step, attempt, tool_call_id,
+                             replay, input_tokens, cached_input_tokens, output_tokens,
                              input_micros, cached_input_micros, output_micros, gross_micros, time)
-    SELECT event_pk, run_id, model, step, attempt, tool_call_id, replay,
+    SELECT %(tenant)s::text, event_pk, run_id, model, step, attempt, tool_call_id, replay,
            input_tokens, cached_input_tokens, output_tokens,
            input_micros, cached_input_micros, output_micros, gross_micros, at
     FROM fresh WHERE type = '{USAGE_TYPE}'

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
 
-from metering.models.base import timestamp_field
+from metering.models.base import tenant_id_field, tenant_primary_key, timestamp_field
 
 OUTBOX_STATUSES = ("pending", "waiting_customer", "sent", "dead", "superseded")
 
@@ -24,7 +24,10 @@ class StripeOutboxRow(SQLModel, table=True):
 
     __tablename__ = "stripe_outbox"
     __table_args__ = (
-        sa.UniqueConstraint("run_id", "decision_version"),
+        tenant_primary_key("id"),
+        # One row per decision version; the tenant last, so the key serves by-run lookups.
+        sa.UniqueConstraint("run_id", "decision_version", "tenant_id"),
+        sa.ForeignKeyConstraint(["tenant_id", "run_id"], ["runs.tenant_id", "runs.id"]),
         sa.CheckConstraint(
             "status IN ('pending', 'waiting_customer', 'sent', 'dead', 'superseded')",
             name="status_known",
@@ -48,10 +51,10 @@ class StripeOutboxRow(SQLModel, table=True):
         ),
     )
 
-    id: int | None = Field(default=None, primary_key=True, sa_type=sa.BigInteger)
-    tenant_id: str = Field(max_length=64)
+    id: int | None = tenant_id_field()
+    tenant_id: str = Field(max_length=64, primary_key=True)
     customer_id: str = Field(max_length=128)
-    run_id: int = Field(foreign_key="runs.id", sa_type=sa.BigInteger)
+    run_id: int = Field(sa_type=sa.BigInteger)
     decision_version: int = Field(sa_column=sa.Column(sa.Integer, nullable=False))
     target_billed_micros: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
     period: str = Field(max_length=7)
@@ -93,7 +96,12 @@ class StripeDeliveryRow(SQLModel, table=True):
 
     __tablename__ = "stripe_deliveries"
     __table_args__ = (
-        sa.UniqueConstraint("kind", "identifier"),
+        tenant_primary_key("id"),
+        sa.UniqueConstraint("kind", "identifier", "tenant_id"),
+        sa.ForeignKeyConstraint(
+            ["tenant_id", "outbox_id"], ["stripe_outbox.tenant_id", "stripe_outbox.id"]
+        ),
+        sa.ForeignKeyConstraint(["tenant_id", "run_id"], ["runs.tenant_id", "runs.id"]),
         sa.CheckConstraint(
             "kind IN ('meter_event', 'meter_cancel', 'meter_rejected', 'credit_note', "
             "'balance_credit')",
@@ -103,11 +111,11 @@ class StripeDeliveryRow(SQLModel, table=True):
         sa.Index("ix_stripe_deliveries_tenant_id_customer_id", "tenant_id", "customer_id"),
     )
 
-    id: int | None = Field(default=None, primary_key=True, sa_type=sa.BigInteger)
-    outbox_id: int = Field(foreign_key="stripe_outbox.id", sa_type=sa.BigInteger)
-    tenant_id: str = Field(max_length=64)
+    id: int | None = tenant_id_field()
+    outbox_id: int = Field(sa_type=sa.BigInteger)
+    tenant_id: str = Field(max_length=64, primary_key=True)
     customer_id: str = Field(max_length=128)
-    run_id: int = Field(foreign_key="runs.id", sa_type=sa.BigInteger)
+    run_id: int = Field(sa_type=sa.BigInteger)
     kind: str = Field(max_length=20)
     identifier: str = Field(max_length=120)
     cancels_identifier: str | None = Field(default=None, max_length=120)

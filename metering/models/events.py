@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
 
-from metering.models.base import timestamp_field
+from metering.models.base import tenant_id_field, tenant_primary_key, timestamp_field
 
 # A run with evidence that no decision has seen yet (and not parked): the sweeper's work.
 PENDING = "settled_evidence_version < evidence_version AND parked_at IS NULL"
@@ -24,10 +24,11 @@ class RunRow(SQLModel, table=True):
 
     __tablename__ = "runs"
     __table_args__ = (
+        # The target of the composite foreign keys of the run's children, which make the
+        # database refuse a row whose tenant is not its run's; and a run's id alone finds it.
+        tenant_primary_key("id"),
         sa.UniqueConstraint("tenant_id", "subject"),
-        # Targets for the composite foreign keys of events and ledger entries, which make
-        # the database refuse a row whose tenant (or customer) is not its run's.
-        sa.UniqueConstraint("tenant_id", "id"),
+        # And with the customer, for ledger entries and support credits.
         sa.UniqueConstraint("tenant_id", "customer_id", "id"),
         sa.ForeignKeyConstraint(
             ["tenant_id", "customer_id"], ["customers.tenant_id", "customers.id"]
@@ -58,8 +59,8 @@ class RunRow(SQLModel, table=True):
         sa.Index("ix_runs_tenant_id_customer_id_period", "tenant_id", "customer_id", "period"),
     )
 
-    id: int | None = Field(default=None, primary_key=True, sa_type=sa.BigInteger)
-    tenant_id: str = Field(foreign_key="tenants.id", max_length=64)
+    id: int | None = tenant_id_field()
+    tenant_id: str = Field(foreign_key="tenants.id", max_length=64, primary_key=True)
     subject: str = Field(max_length=200)
     customer_id: str = Field(max_length=128)
     first_event_at: datetime = Field(
@@ -133,6 +134,7 @@ class EventRow(SQLModel, table=True):
 
     __tablename__ = "events"
     __table_args__ = (
+        tenant_primary_key("id"),
         sa.UniqueConstraint("tenant_id", "source", "event_id"),
         sa.Index("ix_events_run_id_time", "run_id", "time"),
         # One key for both columns: the event's run, in the event's tenant (the run's own
@@ -141,8 +143,8 @@ class EventRow(SQLModel, table=True):
         sa.ForeignKeyConstraint(["tenant_id", "run_id"], ["runs.tenant_id", "runs.id"]),
     )
 
-    id: int | None = Field(default=None, primary_key=True, sa_type=sa.BigInteger)
-    tenant_id: str = Field(max_length=64)
+    id: int | None = tenant_id_field()
+    tenant_id: str = Field(max_length=64, primary_key=True)
     source: str = Field(max_length=255)
     event_id: str = Field(max_length=255)
     type: str = Field(max_length=64)
@@ -172,11 +174,18 @@ class UsageLineRow(SQLModel, table=True):
             name="gross_is_sum_of_classes",
         ),
         sa.Index("ix_usage_lines_run_id", "run_id"),
+        tenant_primary_key("id"),
+        # One line per event; the tenant comes last so the key still serves by-event lookups.
+        sa.UniqueConstraint("event_pk", "tenant_id"),
+        sa.ForeignKeyConstraint(["tenant_id", "event_pk"], ["events.tenant_id", "events.id"]),
+        sa.ForeignKeyConstraint(["tenant_id", "run_id"], ["runs.tenant_id", "runs.id"]),
     )
 
-    id: int | None = Field(default=None, primary_key=True, sa_type=sa.BigInteger)
-    event_pk: int = Field(foreign_key="events.id", unique=True, sa_type=sa.BigInteger)
-    run_id: int = Field(foreign_key="runs.id", sa_type=sa.BigInteger)
+    id: int | None = tenant_id_field()
+    # The run's tenant, copied so the line's keys can include it (issue #18).
+    tenant_id: str = Field(max_length=64, primary_key=True)
+    event_pk: int = Field(sa_type=sa.BigInteger)
+    run_id: int = Field(sa_type=sa.BigInteger)
     model: str = Field(max_length=128)
     step: int = Field(sa_column=sa.Column(sa.Integer, nullable=False))
     attempt: int = Field(sa_column=sa.Column(sa.Integer, nullable=False))

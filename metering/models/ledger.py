@@ -15,7 +15,7 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlmodel import Field, SQLModel
 
-from metering.models.base import timestamp_field
+from metering.models.base import tenant_id_field, tenant_primary_key, timestamp_field
 
 LEDGER_KINDS = ("hold", "post", "release", "correction")
 
@@ -31,9 +31,11 @@ class LedgerEntryRow(SQLModel, table=True):
             "(kind = 'hold') = (usage_line_id IS NOT NULL)", name="holds_reference_usage"
         ),
         # One hold per usage line: a retried ingest can never hold twice.
+        tenant_primary_key("id"),
         sa.Index(
             "uq_ledger_entries_hold_usage_line",
             "usage_line_id",
+            "tenant_id",
             unique=True,
             postgresql_where=sa.text("kind = 'hold'"),
         ),
@@ -50,6 +52,7 @@ class LedgerEntryRow(SQLModel, table=True):
             "decision_version",
             "kind",
             "corrects",
+            "tenant_id",
             unique=True,
             postgresql_where=sa.text("kind <> 'hold'"),
             postgresql_nulls_not_distinct=True,
@@ -62,17 +65,18 @@ class LedgerEntryRow(SQLModel, table=True):
             ["tenant_id", "customer_id", "run_id"],
             ["runs.tenant_id", "runs.customer_id", "runs.id"],
         ),
+        sa.ForeignKeyConstraint(
+            ["tenant_id", "usage_line_id"], ["usage_lines.tenant_id", "usage_lines.id"]
+        ),
     )
 
-    id: int | None = Field(default=None, primary_key=True, sa_type=sa.BigInteger)
-    tenant_id: str = Field(max_length=64)
+    id: int | None = tenant_id_field()
+    tenant_id: str = Field(max_length=64, primary_key=True)
     customer_id: str = Field(max_length=128)
     run_id: int = Field(sa_type=sa.BigInteger)
     kind: str = Field(max_length=16)
     amount_micros: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
-    usage_line_id: int | None = Field(
-        default=None, foreign_key="usage_lines.id", sa_type=sa.BigInteger
-    )
+    usage_line_id: int | None = Field(default=None, sa_type=sa.BigInteger)
     decision_version: int | None = Field(default=None)
     corrects: str | None = Field(default=None, max_length=16)  # "billed" | "credited"
     created_at: datetime | None = timestamp_field(default_now=True)

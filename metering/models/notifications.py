@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
 
-from metering.models.base import timestamp_field
+from metering.models.base import tenant_id_field, tenant_primary_key, timestamp_field
 
 
 class NotificationRow(SQLModel, table=True):
@@ -24,18 +24,20 @@ class NotificationRow(SQLModel, table=True):
 
     __tablename__ = "notifications"
     __table_args__ = (
+        tenant_primary_key("id"),
         sa.ForeignKeyConstraint(
             ["tenant_id", "customer_id"], ["customers.tenant_id", "customers.id"]
         ),
+        sa.ForeignKeyConstraint(["tenant_id", "run_id"], ["runs.tenant_id", "runs.id"]),
         # A customer's stream replays from here; a run's from the next.
         sa.Index("ix_notifications_tenant_id_customer_id_id", "tenant_id", "customer_id", "id"),
         sa.Index("ix_notifications_run_id_id", "run_id", "id"),
     )
 
-    id: int | None = Field(default=None, primary_key=True, sa_type=sa.BigInteger)
-    tenant_id: str = Field(max_length=64)
+    id: int | None = tenant_id_field()
+    tenant_id: str = Field(max_length=64, primary_key=True)
     customer_id: str = Field(max_length=128)
-    run_id: int | None = Field(default=None, foreign_key="runs.id", sa_type=sa.BigInteger)
+    run_id: int | None = Field(default=None, sa_type=sa.BigInteger)
     subject: str | None = Field(default=None, max_length=200)
     type: str = Field(max_length=64)
     data: dict[str, Any] = Field(sa_column=sa.Column(JSONB, nullable=False))

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
 
-from metering.models.base import timestamp_field
+from metering.models.base import tenant_id_field, tenant_primary_key, timestamp_field
 
 
 class PolicyVersionRow(SQLModel, table=True):
@@ -23,13 +23,14 @@ class PolicyVersionRow(SQLModel, table=True):
 
     __tablename__ = "policy_versions"
     __table_args__ = (
+        tenant_primary_key("id"),
         sa.UniqueConstraint("tenant_id", "version"),
         sa.CheckConstraint("version >= 1", name="version_positive"),
         sa.Index("ix_policy_versions_tenant_id_effective_from", "tenant_id", "effective_from"),
     )
 
-    id: int | None = Field(default=None, primary_key=True, sa_type=sa.BigInteger)
-    tenant_id: str = Field(max_length=64)
+    id: int | None = tenant_id_field()
+    tenant_id: str = Field(max_length=64, primary_key=True)
     version: int = Field(sa_column=sa.Column(sa.Integer, nullable=False))
     document: dict[str, Any] = Field(sa_column=sa.Column(JSONB, nullable=False))
     effective_from: datetime = Field(

@@ -8,13 +8,16 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlmodel import Field, SQLModel
 
-from metering.models.base import timestamp_field
+from metering.models.base import tenant_id_field, tenant_primary_key, timestamp_field
 
 
 class DecisionRow(SQLModel, table=True):
     __tablename__ = "decisions"
     __table_args__ = (
-        sa.UniqueConstraint("run_id", "version"),
+        tenant_primary_key("id"),
+        # A run's versions are numbered once; the tenant last, so the key serves by-run reads.
+        sa.UniqueConstraint("run_id", "version", "tenant_id"),
+        sa.ForeignKeyConstraint(["tenant_id", "run_id"], ["runs.tenant_id", "runs.id"]),
         sa.CheckConstraint(
             "outcome IN ('confirmed', 'partially_credited', 'refunded', 'held_for_review')",
             name="outcome_known",
@@ -36,10 +39,10 @@ class DecisionRow(SQLModel, table=True):
         ),
     )
 
-    id: int | None = Field(default=None, primary_key=True, sa_type=sa.BigInteger)
-    run_id: int = Field(foreign_key="runs.id", sa_type=sa.BigInteger)
+    id: int | None = tenant_id_field()
+    run_id: int = Field(sa_type=sa.BigInteger)
     version: int = Field(sa_column=sa.Column(sa.Integer, nullable=False))
-    tenant_id: str = Field(max_length=64)
+    tenant_id: str = Field(max_length=64, primary_key=True)
     customer_id: str = Field(max_length=128)
     origin: str = Field(max_length=16)  # "policy" | "support"
     outcome: str = Field(max_length=32)

@@ -14,6 +14,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlmodel import Field, SQLModel
 
+from metering.models.base import tenant_primary_key
+
 
 def _bigint() -> sa.Column[int]:
     return sa.Column(sa.BigInteger, nullable=False)
@@ -22,6 +24,8 @@ def _bigint() -> sa.Column[int]:
 class StatementLineRow(SQLModel, table=True):
     __tablename__ = "statement_lines"
     __table_args__ = (
+        tenant_primary_key("run_id", "statement_period"),
+        sa.ForeignKeyConstraint(["tenant_id", "run_id"], ["runs.tenant_id", "runs.id"]),
         sa.CheckConstraint("kind IN ('run', 'correction')", name="kind_known"),
         sa.Index(
             "ix_statement_lines_page",
@@ -33,9 +37,9 @@ class StatementLineRow(SQLModel, table=True):
         ),
     )
 
-    run_id: int = Field(foreign_key="runs.id", primary_key=True, sa_type=sa.BigInteger)
+    run_id: int = Field(primary_key=True, sa_type=sa.BigInteger)
     statement_period: str = Field(primary_key=True, max_length=7)
-    tenant_id: str = Field(max_length=64)
+    tenant_id: str = Field(max_length=64, primary_key=True)
     customer_id: str = Field(max_length=128)
     subject: str = Field(max_length=200)
     kind: str = Field(max_length=16)

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
 
-from metering.models.base import timestamp_field
+from metering.models.base import tenant_id_field, tenant_primary_key, timestamp_field
 
 
 class DisputeRow(SQLModel, table=True):
@@ -21,12 +21,14 @@ class DisputeRow(SQLModel, table=True):
         sa.CheckConstraint("credit_micros >= 0", name="credit_not_negative"),
         sa.Index("ix_disputes_tenant_id_status", "tenant_id", "status"),
         sa.Index("ix_disputes_run_id", "run_id"),
+        tenant_primary_key("id"),
+        sa.ForeignKeyConstraint(["tenant_id", "run_id"], ["runs.tenant_id", "runs.id"]),
     )
 
-    id: int | None = Field(default=None, primary_key=True, sa_type=sa.BigInteger)
-    tenant_id: str = Field(max_length=64)
+    id: int | None = tenant_id_field()
+    tenant_id: str = Field(max_length=64, primary_key=True)
     customer_id: str = Field(max_length=128)
-    run_id: int = Field(foreign_key="runs.id", sa_type=sa.BigInteger)
+    run_id: int = Field(sa_type=sa.BigInteger)
     status: str = Field(max_length=16)
     claim: str = Field(sa_column=sa.Column(sa.Text, nullable=False))
     opened_by: str = Field(max_length=128)
@@ -53,7 +55,8 @@ class SupportCreditRow(SQLModel, table=True):
 
     __tablename__ = "support_credits"
     __table_args__ = (
-        sa.UniqueConstraint("run_id", "grant_no"),
+        tenant_primary_key("id"),
+        sa.UniqueConstraint("run_id", "grant_no", "tenant_id"),
         sa.CheckConstraint("amount_micros > 0", name="amount_positive"),
         sa.CheckConstraint("grant_no >= 1 AND covers_line_id >= 0", name="numbers_valid"),
         # The per-customer daily limit sums a customer's credits of one UTC day.
@@ -69,8 +72,8 @@ class SupportCreditRow(SQLModel, table=True):
         ),
     )
 
-    id: int | None = Field(default=None, primary_key=True, sa_type=sa.BigInteger)
-    tenant_id: str = Field(max_length=64)
+    id: int | None = tenant_id_field()
+    tenant_id: str = Field(max_length=64, primary_key=True)
     customer_id: str = Field(max_length=128)
     run_id: int = Field(sa_type=sa.BigInteger)
     grant_no: int = Field(sa_column=sa.Column(sa.Integer, nullable=False))
@@ -86,10 +89,13 @@ class AuditRow(SQLModel, table=True):
     amounts before and after."""
 
     __tablename__ = "audit_log"
-    __table_args__ = (sa.Index("ix_audit_log_tenant_id_created_at", "tenant_id", "created_at"),)
+    __table_args__ = (
+        tenant_primary_key("id"),
+        sa.Index("ix_audit_log_tenant_id_created_at", "tenant_id", "created_at"),
+    )
 
-    id: int | None = Field(default=None, primary_key=True, sa_type=sa.BigInteger)
-    tenant_id: str = Field(max_length=64)
+    id: int | None = tenant_id_field()
+    tenant_id: str = Field(max_length=64, primary_key=True)
     actor: str = Field(max_length=128)
     actor_scope: str = Field(max_length=16)
     action: str = Field(max_length=64)

@@ -7,7 +7,7 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlmodel import Field, SQLModel
 
-from metering.models.base import timestamp_field
+from metering.models.base import tenant_primary_key, timestamp_field
 
 KEY_SCOPES = ("ingest", "customer", "support", "admin")
 
@@ -24,6 +24,7 @@ class ApiKeyRow(SQLModel, table=True):
 
     __tablename__ = "api_keys"
     __table_args__ = (
+        tenant_primary_key("key_id"),
         sa.CheckConstraint(
             "scope IN ('ingest', 'customer', 'support', 'admin')", name="scope_known"
         ),
@@ -33,7 +34,7 @@ class ApiKeyRow(SQLModel, table=True):
     )
 
     key_id: str = Field(primary_key=True, max_length=32)
-    tenant_id: str = Field(foreign_key="tenants.id", max_length=64, index=True)
+    tenant_id: str = Field(foreign_key="tenants.id", max_length=64, primary_key=True, index=True)
     scope: str = Field(max_length=16)
     customer_id: str | None = Field(default=None, max_length=128)
     secret_hmac: str = Field(max_length=64)
@@ -60,8 +61,15 @@ class ConsoleSessionRow(SQLModel, table=True):
     key ends its sessions because every request reads the session joined to its key."""
 
     __tablename__ = "console_sessions"
+    __table_args__ = (
+        tenant_primary_key("token_sha256"),
+        sa.Index("ix_console_sessions_key_id", "key_id"),
+        sa.ForeignKeyConstraint(["tenant_id", "key_id"], ["api_keys.tenant_id", "api_keys.key_id"]),
+    )
 
     token_sha256: str = Field(primary_key=True, max_length=64)
-    key_id: str = Field(foreign_key="api_keys.key_id", max_length=32, index=True)
+    # The key's tenant, copied so the session's keys can include it (issue #18).
+    tenant_id: str = Field(max_length=64, primary_key=True)
+    key_id: str = Field(max_length=32)
     created_at: datetime | None = timestamp_field(default_now=True)
     expires_at: datetime | None = timestamp_field()

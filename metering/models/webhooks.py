@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlmodel import Field, SQLModel
 
-from metering.models.base import timestamp_field
+from metering.models.base import tenant_id_field, tenant_primary_key, timestamp_field
 
 MESSAGE_STATUSES = ("pending", "delivered", "failed")
 
@@ -27,12 +27,12 @@ class WebhookEndpointRow(SQLModel, table=True):
 
     __tablename__ = "webhook_endpoints"
     __table_args__ = (
-        sa.UniqueConstraint("tenant_id", "id"),
+        tenant_primary_key("id"),
         sa.Index("ix_webhook_endpoints_tenant_id_created_at", "tenant_id", "created_at"),
     )
 
     id: str = Field(primary_key=True, max_length=40)
-    tenant_id: str = Field(foreign_key="tenants.id", max_length=64)
+    tenant_id: str = Field(foreign_key="tenants.id", max_length=64, primary_key=True)
     url: str = Field(sa_column=sa.Column(sa.Text, nullable=False))
     event_types: list[str] = Field(
         sa_column=sa.Column(ARRAY(sa.Text), nullable=False, server_default="{}")
@@ -61,7 +61,12 @@ class WebhookMessageRow(SQLModel, table=True):
 
     __tablename__ = "webhook_messages"
     __table_args__ = (
-        sa.UniqueConstraint("endpoint_id", "notification_id"),
+        tenant_primary_key("id"),
+        sa.UniqueConstraint("endpoint_id", "notification_id", "tenant_id"),
+        sa.UniqueConstraint("msg_id", "tenant_id"),
+        sa.ForeignKeyConstraint(
+            ["tenant_id", "notification_id"], ["notifications.tenant_id", "notifications.id"]
+        ),
         sa.CheckConstraint("status IN ('pending', 'delivered', 'failed')", name="status_known"),
         sa.ForeignKeyConstraint(
             ["tenant_id", "endpoint_id"],
@@ -102,11 +107,11 @@ class WebhookMessageRow(SQLModel, table=True):
         sa.Index("ix_webhook_messages_notification_id", "notification_id"),
     )
 
-    id: int | None = Field(default=None, primary_key=True, sa_type=sa.BigInteger)
-    msg_id: str = Field(max_length=40, unique=True)
-    tenant_id: str = Field(max_length=64)
+    id: int | None = tenant_id_field()
+    msg_id: str = Field(max_length=40)
+    tenant_id: str = Field(max_length=64, primary_key=True)
     endpoint_id: str = Field(max_length=40)
-    notification_id: int = Field(foreign_key="notifications.id", sa_type=sa.BigInteger)
+    notification_id: int = Field(sa_type=sa.BigInteger)
     run_id: int | None = Field(default=None, sa_type=sa.BigInteger)
     subject: str | None = Field(default=None, max_length=200)
     type: str = Field(max_length=64)
@@ -130,18 +135,20 @@ class WebhookAttemptRow(SQLModel, table=True):
 
     __tablename__ = "webhook_attempts"
     __table_args__ = (
-        sa.UniqueConstraint("message_id", "attempt"),
+        tenant_primary_key("id"),
+        sa.UniqueConstraint("message_id", "attempt", "tenant_id"),
+        sa.ForeignKeyConstraint(
+            ["tenant_id", "message_id"],
+            ["webhook_messages.tenant_id", "webhook_messages.id"],
+            ondelete="CASCADE",
+        ),
         sa.CheckConstraint("outcome IN ('delivered', 'failed')", name="outcome_known"),
     )
 
-    id: int | None = Field(default=None, primary_key=True, sa_type=sa.BigInteger)
-    message_id: int = Field(
-        sa_column=sa.Column(
-            sa.BigInteger,
-            sa.ForeignKey("webhook_messages.id", ondelete="CASCADE"),
-            nullable=False,
-        )
-    )
+    id: int | None = tenant_id_field()
+    # The message's tenant, copied so the attempt's keys can include it (issue #18).
+    tenant_id: str = Field(max_length=64, primary_key=True)
+    message_id: int = Field(sa_type=sa.BigInteger)
     attempt: int = Field(sa_column=sa.Column(sa.Integer, nullable=False))
     outcome: str = Field(max_length=16)
     started_at: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))

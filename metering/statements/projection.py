@@ -57,13 +57,14 @@ FROM json_to_recordset(%(changes)s::json)
           models text[], input_tokens bigint, cached_input_tokens bigint, output_tokens bigint,
           gross_micros bigint, billed_micros bigint, credited_micros bigint, outcome text,
           status text, explanation text)
-JOIN runs r ON r.id = u.run_id
+JOIN runs r ON r.tenant_id = u.tenant_id AND r.id = u.run_id
 LEFT JOIN LATERAL (
     SELECT p.gross_abs, p.billed_abs, p.credited_abs FROM statement_lines p
-    WHERE p.run_id = u.run_id AND p.statement_period < u.statement_period
+    WHERE p.tenant_id = u.tenant_id AND p.run_id = u.run_id
+      AND p.statement_period < u.statement_period
     ORDER BY p.statement_period DESC LIMIT 1
 ) prev ON u.statement_period <> u.run_period
-ON CONFLICT (run_id, statement_period) DO UPDATE SET
+ON CONFLICT (tenant_id, run_id, statement_period) DO UPDATE SET
     version = EXCLUDED.version, started_at = EXCLUDED.started_at, ended_at = EXCLUDED.ended_at,
     decided_at = EXCLUDED.decided_at, models = EXCLUDED.models,
     input_tokens = EXCLUDED.input_tokens, cached_input_tokens = EXCLUDED.cached_input_tokens,

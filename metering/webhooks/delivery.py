@@ -246,10 +246,10 @@ def record(
     # The endpoint (and with it the message) may have been deleted meanwhile: nothing to log.
     conn.execute(
         """
-        INSERT INTO webhook_attempts (message_id, attempt, outcome, started_at, status_code,
-                                      latency_ms, response_excerpt, error)
-        SELECT id, %s, %s, %s, %s, %s, %s, %s FROM webhook_messages WHERE id = %s
-        ON CONFLICT (message_id, attempt) DO NOTHING
+        INSERT INTO webhook_attempts (tenant_id, message_id, attempt, outcome, started_at,
+                                      status_code, latency_ms, response_excerpt, error)
+        SELECT tenant_id, id, %s, %s, %s, %s, %s, %s, %s FROM webhook_messages WHERE id = %s
+        ON CONFLICT (message_id, attempt, tenant_id) DO NOTHING
         """,
         (
             message.attempt,
@@ -285,14 +285,15 @@ def record(
 
 
 RECORD_DELIVERED_ATTEMPTS = """
-INSERT INTO webhook_attempts (message_id, attempt, outcome, started_at, status_code,
-                              latency_ms, response_excerpt)
-SELECT m.id, x.attempt, 'delivered', x.started_at, x.status_code, x.latency_ms, x.excerpt
+INSERT INTO webhook_attempts (tenant_id, message_id, attempt, outcome, started_at,
+                              status_code, latency_ms, response_excerpt)
+SELECT m.tenant_id, m.id, x.attempt, 'delivered', x.started_at, x.status_code, x.latency_ms,
+       x.excerpt
 FROM unnest(%s::bigint[], %s::int[], %s::timestamptz[], %s::int[], %s::int[], %s::text[])
      AS x(id, attempt, started_at, status_code, latency_ms, excerpt)
 JOIN webhook_messages m ON m.id = x.id
 ORDER BY m.id
-ON CONFLICT (message_id, attempt) DO NOTHING
+ON CONFLICT (message_id, attempt, tenant_id) DO NOTHING
 """
 RECORD_DELIVERED_MESSAGES = """
 UPDATE webhook_messages m

@@ -106,7 +106,7 @@ SELECT m, t, e, n, r, s, ty, p, 'pending', %s
 FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[], %s::bigint[], %s::text[],
             %s::text[], %s::text[]) WITH ORDINALITY AS x(m, t, e, n, r, s, ty, p, o)
 ORDER BY o
-ON CONFLICT (endpoint_id, notification_id) DO NOTHING
+ON CONFLICT (endpoint_id, notification_id, tenant_id) DO NOTHING
 RETURNING id
 """
 
