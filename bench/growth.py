@@ -7,9 +7,10 @@ measures, in one run, each hot path against the same measurement on a small data
       batches, one transaction each, committed) on the history vs on an empty database;
       the issue asks for ≥ 0.8 of the empty rate;
 (ii)  a settlement sweep — ``park_poison_runs`` + ``claim_due_runs`` as the worker runs
-      them (rolled back each round), the same number of due runs in both databases, with
-      ``--events / 10`` runs stored (1 M by default) of which a fifth in flight, vs 20,000
-      runs stored in the same mix; the issue asks that it costs the same;
+      them (rolled back each round) — with ``--events / 10`` runs stored (1 M by default),
+      a fifth of them in flight (200 k) and 2,000 of those due, vs a database with the
+      same runs in flight and due but 1/50 of the settled history (20,000 runs); the issue
+      asks that it costs the same (taken here as within 25 %);
 (iii) a statement page — the queries the API runs for one (``statement_page``: first page
       of 100 lines + totals) for a customer with ``--big-runs`` runs in one month (100,000
       by default); the issue asks < 100 ms; also its ratio to the same page of a customer
@@ -55,8 +56,20 @@ from metering.db import SESSION_OPTIONS  # noqa: E402
 from metering.ingest.service import IngestRequest, ingest_events  # noqa: E402
 from metering.periods import period_of  # noqa: E402
 from metering.prices import CatalogCache, insert_prices, load_catalog, read_catalog_file  # noqa: E402
-from metering.settlement.due import Windows, claim_due_runs, park_poison_runs  # noqa: E402
-from metering.statements.query import StatementQuery, page, totals  # noqa: E402
+from metering.settlement.due import (  # noqa: E402
+    CLAIM_DUE_RUNS,
+    Windows,
+    claim_due_runs,
+    cutoff_params,
+    park_poison_runs,
+)
+from metering.statements.query import (  # noqa: E402
+    TOTALS_COLUMNS,
+    WHERE,
+    StatementQuery,
+    page,
+    totals,
+)
 
 BIG_DATABASE = "fairmeter_bench_growth"
 SMALL_DATABASE = "fairmeter_bench_growth_small"
@@ -68,7 +81,7 @@ SOURCE = "agent/prod"
 MODEL = "agent-large-1"
 EVENTS_PER_RUN = 10  # run.started, 8 x run.usage, run.completed
 USAGE_PER_RUN = 8
-SMALL_RUNS = 20_000
+SMALL_SHARE = 50  # the small database stores 1/50 of the settled runs: 20,000 for 1 M
 IN_FLIGHT_SHARE = 5  # one run in five is still pending settlement
 DUE = 2_000  # due runs in both databases: a sweep's work is the same, only history differs
 CUSTOMERS = 2_000
@@ -94,8 +107,8 @@ class Shape:
     customers: int
 
     @classmethod
-    def of(cls, runs: int, big: int, due: int) -> Shape:
-        in_flight = runs // IN_FLIGHT_SHARE
+    def of(cls, runs: int, big: int, due: int, in_flight: int | None = None) -> Shape:
+        in_flight = runs // IN_FLIGHT_SHARE if in_flight is None else in_flight
         return cls(
             runs=runs,
             in_flight=in_flight,
@@ -437,9 +450,24 @@ def bench_statement(url: str, customer: str, period: str, rounds: int) -> dict[s
     return {"ms": median_ms(samples), "lines": lines, "runs": runs}
 
 
-def explain(url: str, sql: str) -> str:
+def claim(now: datetime) -> dict[str, Any]:
+    """``CLAIM_DUE_RUNS``'s parameters as ``claim_due_runs`` passes them for one pass."""
+    return {
+        "now": now,
+        "limit": 5000,
+        "lease_until": now + LEASE,
+        "only": None,
+        "elsewhere": [],
+        **cutoff_params(WINDOWS, now),
+    }
+
+
+def explain(url: str, sql: str, params: dict[str, Any]) -> str:
+    """EXPLAIN ANALYZE of ``sql``, rolled back (the claim writes)."""
     with psycopg.connect(url, options=SESSION_OPTIONS) as conn:
-        return "\n".join(r[0] for r in conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql))
+        rows = conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params).fetchall()
+        conn.rollback()
+    return "\n".join(r[0] for r in rows)
 
 
 # --- the run --------------------------------------------------------------------------
@@ -468,7 +496,8 @@ def main() -> None:
     runs = args.events // EVENTS_PER_RUN
     due = min(DUE, runs // IN_FLIGHT_SHARE // 2)  # the same in both: a sweep's work
     big = Shape.of(runs, args.big_runs, due)
-    small = Shape.of(SMALL_RUNS, 0, due)
+    # The same runs in flight and due, 1/50 of the history: only the stored runs differ.
+    small = Shape.of(max(1000, runs // SMALL_SHARE) + big.in_flight, 0, due, big.in_flight)
 
     empty_url = fresh_database(EMPTY_DATABASE)
     prepare_prices(empty_url)
@@ -485,21 +514,26 @@ def main() -> None:
     sweep_big = bench_sweep(url, now, args.rounds)
     statement_big = bench_statement(url, BIG_CUSTOMER, period, args.rounds)
     statement_small = bench_statement(url, "c00001", period, args.rounds)
+    # The plans before ingest adds runs of its own; each EXPLAIN ANALYZE is rolled back.
+    plans = {
+        "sweep's claim (small database)": explain(small_url, CLAIM_DUE_RUNS, claim(now)),
+        "sweep's claim (history)": explain(url, CLAIM_DUE_RUNS, claim(now)),
+        "statement totals (big customer)": explain(
+            url,
+            f"SELECT {TOTALS_COLUMNS} FROM statement_lines l {WHERE}",
+            {
+                "tenant": TENANT,
+                "customer": BIG_CUSTOMER,
+                "period": period,
+                "outcome": None,
+                "ended_from": None,
+                "ended_to": None,
+            },
+        ),
+    }
     # Last: ingest's runs complete within the settle grace, and would be due in the sweep.
     print("ingest, alternating between the empty database and the history", flush=True)
     ingest_empty, ingest_history = bench_ingest(empty_url, url, args.batches, now)
-    plans = {
-        "sweep claim": explain(
-            url,
-            "SELECT id FROM runs WHERE settled_evidence_version < evidence_version "
-            f"AND parked_at IS NULL AND terminal_at <= '{ts(now - WINDOWS.settle_grace)}'",
-        ),
-        "statement totals": explain(
-            url,
-            "SELECT count(*), sum(billed_abs) FROM statement_lines WHERE tenant_id = "
-            f"'{TENANT}' AND customer_id = '{BIG_CUSTOMER}' AND statement_period = '{period}'",
-        ),
-    }
     if not args.keep:
         for name in (BIG_DATABASE, SMALL_DATABASE, EMPTY_DATABASE):
             drop(name)
@@ -559,9 +593,10 @@ class Results:
                 ingest >= INGEST_BAR,
             ),
             (
-                f"sweep park + claim of {self.big.due:,} due runs (PostgreSQL CPU / wall ms)",
-                f"{ss['cpu_ms']:.1f} / {ss['wall_ms']:.1f} ({self.small.runs:,} runs)",
-                f"{sb['cpu_ms']:.1f} / {sb['wall_ms']:.1f}",
+                f"sweep park + claim, {self.big.in_flight:,} runs in flight of which "
+                f"{self.big.due:,} due (PostgreSQL CPU / wall ms)",
+                f"{ss['cpu_ms']:.1f} / {ss['wall_ms']:.1f} ({self.small.settled:,} settled)",
+                f"{sb['cpu_ms']:.1f} / {sb['wall_ms']:.1f} ({self.big.settled:,} settled)",
                 f"history/small CPU {sweep:.2f}, wall {sweep_wall:.2f}; bar ≤ {SWEEP_BAR}",
                 sweep <= SWEEP_BAR,
             ),
@@ -617,7 +652,8 @@ class Results:
             f"{self.built['bytes'] / 1e9:.2f} GB, written with COPY + ANALYZE in "
             f"{self.built['seconds']:.0f} s.",
             "- Ingest's baseline on an empty database of its own; the sweep's on a small one "
-            f"of {s.runs:,} runs ({s.in_flight:,} pending, {s.due:,} due), "
+            f"of {s.settled:,} settled runs and the same {s.in_flight:,} pending "
+            f"({s.due:,} due), "
             f"{self.small_built['bytes'] / 1e6:.0f} MB.",
             f"- Ingest: the use case in process, {self.args.batches} batches of 1,000 events "
             "after 4 warm-up batches, each committed, median; sweep: median of "
