@@ -602,8 +602,8 @@ class Results:
             ),
             (
                 f"statement page ({PAGE} lines + totals), ms",
-                f"{ts_['ms']:.1f} ({int(ts_['runs']):,} runs)",
-                f"{tb['ms']:.1f} ({int(tb['runs']):,} runs)",
+                f"{ts_['ms']:.1f} ({int(ts_['runs']):,} lines)",
+                f"{tb['ms']:.1f} ({int(tb['runs']):,} lines)",
                 f"big/small customer {statement:.1f}; bar < {STATEMENT_BAR_MS:.0f} ms",
                 tb["ms"] < STATEMENT_BAR_MS,
             ),
@@ -670,7 +670,7 @@ class Results:
         for name, plan in self.plans.items():
             out += [
                 "",
-                f"EXPLAIN (ANALYZE, BUFFERS) of the {name}, with history:",
+                f"EXPLAIN (ANALYZE, BUFFERS) of the {name}:",
                 "",
                 "```",
                 plan,
