@@ -3,7 +3,7 @@ SHELL := /bin/bash
 UV = $(shell command -v uv 2>/dev/null || echo "python3 -m uv")
 export UV_LINK_MODE ?= copy
 
-.PHONY: up test lint typecheck unit bench install uv clean browser
+.PHONY: up test lint typecheck unit bench bench-growth install uv clean browser
 
 uv:
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
@@ -44,6 +44,11 @@ bench: install
 	@$(UV) run --frozen python bench/statement.py
 	@$(UV) run --frozen python -m bench.stream
 	@$(UV) run --frozen python bench/webhooks.py
+
+# Issue #18's growth bench: 10 M events of history written first (~GBs of disk, minutes),
+# so it is not part of `make bench`. BENCH_GROWTH_ARGS="--events 300000" for a quick check.
+bench-growth: install
+	@$(UV) run --frozen python bench/growth.py $(BENCH_GROWTH_ARGS)
 
 clean:
 	rm -rf .fairmeter .pytest_cache .mypy_cache .ruff_cache
