@@ -122,15 +122,12 @@ class WhatIfReply(msgspec.Struct):
     changes: list[OutcomeChange]
 
 
+# Built positionally from the position's figures: the names must be those, in that order.
+assert Amounts.__struct_fields__ == Position.FIGURES
+
+
 def _amounts(position: Position) -> Amounts:
-    return Amounts(
-        position.billed_micros,
-        position.credited_micros,
-        position.held_micros,
-        position.provider_cost_micros,
-        position.credited_provider_cost_micros,
-        position.margin_after_micros,
-    )
+    return Amounts(*position.figures())
 
 
 def whatif_reply(report: WhatIf) -> WhatIfReply:

@@ -80,6 +80,20 @@ class Position:
     def margin_after_micros(self) -> int:
         return self.billed_micros - self.provider_cost_micros
 
+    # The figures a what-if reports of a position, in the order the API and the CSV give
+    # them (each fact once: the reply and the export both read these two).
+    FIGURES = (
+        "billed_micros",
+        "credited_micros",
+        "held_micros",
+        "provider_cost_micros",
+        "credited_provider_cost_micros",
+        "margin_after_micros",
+    )
+
+    def figures(self) -> tuple[int, ...]:
+        return tuple(getattr(self, name) for name in self.FIGURES)
+
     def merge(self, other: Position) -> None:
         self.billed_micros += other.billed_micros
         self.credited_micros += other.credited_micros

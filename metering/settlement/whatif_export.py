@@ -18,14 +18,7 @@ import io
 from metering.settlement.replay import Position, Side, WhatIf
 from metering.statements.render import TOTAL_ROW, csv_text
 
-AMOUNTS = (
-    "billed_micros",
-    "credited_micros",
-    "held_micros",
-    "provider_cost_micros",
-    "credited_provider_cost_micros",
-    "margin_after_micros",
-)
+AMOUNTS = Position.FIGURES
 CSV_HEADER = [
     "customer",
     *(f"{side}_{amount}" for amount in AMOUNTS for side in ("current", "candidate")),
@@ -33,19 +26,8 @@ CSV_HEADER = [
 CHANGES_HEADER = ["old_outcome", "new_outcome", "runs", "example_runs"]
 
 
-def _amounts(position: Position) -> list[int]:
-    return [
-        position.billed_micros,
-        position.credited_micros,
-        position.held_micros,
-        position.provider_cost_micros,
-        position.credited_provider_cost_micros,
-        position.margin_after_micros,
-    ]
-
-
 def _row(customer: str, side: Side) -> list[str]:
-    pairs = zip(_amounts(side.current), _amounts(side.candidate), strict=True)
+    pairs = zip(side.current.figures(), side.candidate.figures(), strict=True)
     return [csv_text(customer), *(str(n) for pair in pairs for n in pair)]
 
 
