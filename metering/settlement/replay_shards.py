@@ -20,6 +20,7 @@ import multiprocessing
 import os
 import threading
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,7 +66,7 @@ _pool_lock = threading.Lock()
 def _workers(size: int) -> ProcessPoolExecutor:
     global _pool, _pool_size
     with _pool_lock:
-        if _pool is None or _pool_size < size:
+        if _pool is None or _pool_size < size or getattr(_pool, "_broken", False):
             if _pool is not None:
                 _pool.shutdown(wait=False)
             _pool = ProcessPoolExecutor(size, mp_context=multiprocessing.get_context("spawn"))
@@ -104,23 +105,49 @@ def replay_period_parallel(
         return replay_period(conn, tenant, period, candidate, defaults)
     snapshot = conn.execute("SELECT pg_export_snapshot()").fetchone()
     assert snapshot is not None
-    pool = _workers(shards - 1)
-    futures: list[Future[WhatIf]] = [
-        pool.submit(
-            _replay_shard,
-            parallelism.conninfo,
-            snapshot[0],
-            (tenant, period, candidate, defaults),
-            Shard(index, shards),
-        )
-        for index in range(1, shards)
-    ]
+    what = (tenant, period, candidate, defaults)
+    futures: dict[int, Future[WhatIf]] = {}
     try:
-        first = replay_period(conn, tenant, period, candidate, defaults, shard=Shard(0, shards))
-        return merge_reports([first, *(future.result() for future in futures)])
+        pool = _workers(shards - 1)
+        for index in range(1, shards):
+            shard = Shard(index, shards)
+            futures[index] = pool.submit(
+                _replay_shard, parallelism.conninfo, snapshot[0], what, shard
+            )
+    except BrokenProcessPool:
+        _drop_workers()  # submitting to a pool a dead worker broke: the shares run here
+    try:
+        reports = [replay_period(conn, *what, shard=Shard(0, shards))]
+        for index in range(1, shards):
+            reports.append(_result(futures.get(index), conn, what, Shard(index, shards)))
+        return merge_reports(reports)
     finally:
-        for future in futures:
+        for future in futures.values():
             future.cancel()
+
+
+def _result(
+    future: Future[WhatIf] | None,
+    conn: psycopg.Connection[Any],
+    what: tuple[str, str, PolicyDocument, PolicyDocument],
+    shard: Shard,
+) -> WhatIf:
+    """A worker's share; replayed here, in the caller's snapshot, if its worker died (a
+    killed worker breaks the pool for good: it is dropped, the next what-if starts anew)."""
+    if future is not None:
+        try:
+            return future.result()
+        except BrokenProcessPool:
+            _drop_workers()
+    return replay_period(conn, *what, shard=shard)
+
+
+def _drop_workers() -> None:
+    global _pool, _pool_size
+    with _pool_lock:
+        if _pool is not None:
+            _pool.shutdown(wait=False, cancel_futures=True)
+        _pool, _pool_size = None, 0
 
 
 def _replay_shard(

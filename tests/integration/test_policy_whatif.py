@@ -8,7 +8,9 @@ it writes nothing.
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -20,7 +22,7 @@ from metering.policies.defaults import settings_policy
 from metering.policies.versions import create_version
 from metering.policy.document import parse_policy
 from metering.protection.query import protection_report
-from metering.settlement import replay
+from metering.settlement import replay, replay_shards
 from metering.settlement.replay_shards import Parallelism, replay_period_parallel
 from metering.settlement.runner import settle_due_now
 from tests.helpers.events import event
@@ -173,3 +175,32 @@ def test_a_period_replayed_on_three_processes_is_the_period_replayed_on_one(engi
         k: c.runs for k, c in one.changes.items()
     }
     assert three.uncosted_lines == one.uncosted_lines
+
+
+def test_a_worker_process_killed_between_what_ifs_does_not_fail_the_next_one(engine, settings, db):
+    """A killed worker breaks a process pool for good; the next what-if must still answer,
+    the same as in one process (its shares replayed in the caller's snapshot), and the one
+    after it gets fresh workers."""
+    tenant = f"pol-{uuid.uuid4().hex[:12]}"
+    month(engine, settings, tenant)
+    (period,) = db.execute(
+        "SELECT DISTINCT period FROM runs WHERE tenant_id = %s", (tenant,)
+    ).fetchone()
+    defaults = settings_policy(settings)
+    candidate = parse_policy({"rules": {"R8": False}}, defaults=defaults)
+    parallelism = Parallelism(settings.libpq_url(), processes=3, from_runs=1)
+    one = whatif(engine, settings, tenant, period, {"rules": {"R8": False}})
+
+    def parallel() -> Any:
+        with raw_transaction(engine) as conn:
+            return replay_period_parallel(conn, tenant, period, candidate, defaults, parallelism)
+
+    parallel()  # the workers exist now
+    pool = replay_shards._pool
+    assert pool is not None
+    for pid in list(pool._processes):
+        os.kill(pid, signal.SIGKILL)
+    for _ in range(2):
+        again = parallel()
+        assert (again.runs, again.checked, again.reproduced) == (60, 60, 60)
+        assert again.total == one.total and again.customers == one.customers
