@@ -72,8 +72,16 @@ def engine(settings: Settings) -> Iterator[Any]:
 def db(engine: Any) -> Iterator[psycopg.Connection[Any]]:
     """A clean database for one test, and an autocommit connection to inspect it."""
     # A new table that holds a test's data goes into DATA_TABLES (tests/helpers/database.py).
-    with raw_transaction(engine) as conn:
-        conn.execute(f"TRUNCATE {', '.join(DATA_TABLES)} RESTART IDENTITY CASCADE")
+    # A sweep of an earlier module's worker still finishing can deadlock with the TRUNCATE
+    # (PostgreSQL then aborts one side): seen once in CI; the TRUNCATE is tried again.
+    for attempt in range(5):
+        try:
+            with raw_transaction(engine) as conn:
+                conn.execute(f"TRUNCATE {', '.join(DATA_TABLES)} RESTART IDENTITY CASCADE")
+            break
+        except psycopg.errors.DeadlockDetected:
+            if attempt == 4:
+                raise
     with psycopg.connect(
         plain_url(str(engine.url.render_as_string(hide_password=False))), autocommit=True
     ) as conn:
