@@ -181,14 +181,14 @@ def phases(url: str) -> dict[str, tuple[float, float]]:
             for batch in replay._runs(conn, base.TENANT, period, replay.Shard()):
                 lap("runs and their decisions: read")
                 ids = {"ids": [run.run_id for run in batch]}
-                rows = conn.execute(replay.REPLAY_EVENTS, ids).fetchall()
+                rows = conn.cursor(binary=True).execute(replay.REPLAY_EVENTS, ids).fetchall()
                 lap("events: read")
                 bodies = msgspec.json.decode("[" + ",".join(row[4] for row in rows) + "]")
                 events: dict[int, list[EventFact]] = {}
                 for (run_id, name, type_, at, _), data in zip(rows, bodies, strict=True):
                     events.setdefault(run_id, []).append(EventFact(name, type_, at, data))
                 lap("events: facts built")
-                rows = conn.execute(replay.REPLAY_USAGE, ids).fetchall()
+                rows = conn.cursor(binary=True).execute(replay.REPLAY_USAGE, ids).fetchall()
                 lap("usage lines: read")
                 usage: dict[int, list[UsageLine]] = {}
                 for run_id, line_id, name, step, attempt, tool, again, gross, at, *_ in rows:

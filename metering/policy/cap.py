@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import StrEnum
+
+import msgspec
 
 from metering.policy.facts import PPM, CustomerPeriod, PolicyConfig
 
@@ -13,8 +14,7 @@ class CapKind(StrEnum):
     RUNS = "runs"
 
 
-@dataclass(frozen=True, slots=True)
-class CapBreach:
+class CapBreach(msgspec.Struct, frozen=True):
     kind: CapKind
     credit_micros: int  # what this run would have credited automatically
     total_micros: int  # the period's automatic credits including it

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
 from datetime import datetime
+
+import msgspec
 
 from metering.policy.facts import BUILT_IN_POLICY, EventFact, PolicyConfig, UsageLine
 from metering.policy.timeline import Timeline, event_key, is_verified_interruption
 
 
-@dataclass(frozen=True, slots=True)
-class RuleHit:
+class RuleHit(msgspec.Struct, frozen=True):
     """A rule that named usage lines to credit, with the events that show why."""
 
     rule_id: str

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from enum import StrEnum
+
+import msgspec
 
 from metering.policy.facts import BUILT_IN_POLICY, EventFact, PolicyConfig
 from metering.policy.timeline import Timeline, ending_event, event_key, is_client_evidence
@@ -24,8 +25,7 @@ class Verdict(StrEnum):
     HOLD = "hold"  # R7
 
 
-@dataclass(frozen=True, slots=True)
-class EndingRuling:
+class EndingRuling(msgspec.Struct, frozen=True):
     ending: Ending
     verdict: Verdict
     rule_ids: frozenset[str]

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
+
+import msgspec
 
 from metering.money import describe_usd
 from metering.policy.cap import CapBreach, CapKind
@@ -21,8 +22,7 @@ _NOT_BILLED = "nothing is billed until support resolves it."
 _HELD = f"so the run is held for review; {_NOT_BILLED}"
 
 
-@dataclass(frozen=True, slots=True)
-class Amounts:
+class Amounts(msgspec.Struct, frozen=True):
     gross_micros: int
     billed_micros: int  # of the automatic decision, before any hold
     credited_micros: int

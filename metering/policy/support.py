@@ -9,7 +9,8 @@ granted: it never reaches usage that arrived later, which the policy alone settl
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+
+import msgspec
 
 from metering.policy import HELD_FOR_REVIEW, Decision, UsageLine, outcome_for
 from metering.policy.ending import Ending
@@ -24,8 +25,7 @@ from metering.policy.status import (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class SupportGrant:
+class SupportGrant(msgspec.Struct, frozen=True):
     """A credit support granted: an amount of the run's usage lines up to ``covers_line_id``
     (the run's highest line id when it was granted)."""
 
@@ -96,7 +96,7 @@ def apply_support(
         support_credit_micros=credit,
         released=held,
     )
-    return replace(
+    return msgspec.structs.replace(
         decision,
         outcome=outcome_for(billed, credited),
         billed_micros=billed,

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from operator import attrgetter
-from typing import Final
+from typing import Any, Final
+
+import msgspec
 
 from metering.catalogue import TERMINAL_TYPES
 from metering.policy.facts import EventFact, RunFacts, UsageLine
@@ -50,14 +51,22 @@ def _line_content_key(line: UsageLine) -> tuple[object, ...]:
     )
 
 
+def _plain(facts: tuple[EventFact, ...] | tuple[UsageLine, ...], ids: set[Any]) -> bool:
+    """No repeated id and every time in UTC (facts read from the database): nothing to
+    choose or rebuild, only to sort. The common case, checked in two C-speed passes."""
+    return len(ids) == len(facts) and all(f.time.tzinfo is UTC for f in facts)
+
+
 def _dedupe_events(events: tuple[EventFact, ...]) -> tuple[EventFact, ...]:
     # Two different bodies under one id cannot both be true (ingest refuses that with a 409);
     # keeping the smallest by content still makes the choice independent of input order.
+    if _plain(events, {e.event_id for e in events}):
+        return tuple(sorted(events, key=event_key))
     chosen: dict[str, EventFact] = {}
     for raw in events:
         # Only a time not in UTC needs a rebuilt fact (``datetime.UTC`` is the one tzinfo
         # that needs no conversion; naive and other zones, zero offset or not, are rebuilt).
-        event = raw if raw.time.tzinfo is UTC else replace(raw, time=utc(raw.time))
+        event = raw if raw.time.tzinfo is UTC else msgspec.structs.replace(raw, time=utc(raw.time))
         kept = chosen.get(event.event_id)
         if kept is None or _content_key(event) < _content_key(kept):
             chosen[event.event_id] = event
@@ -68,9 +77,11 @@ def _dedupe_lines(lines: tuple[UsageLine, ...]) -> tuple[UsageLine, ...]:
     # As for events, a fact already in UTC is kept as it is: settlement's database sessions
     # run in TimeZone=UTC, and rebuilding every line (``replace`` plus its checks) was about
     # a third of ``decide()``.
+    if _plain(lines, {line.line_id for line in lines}):
+        return tuple(sorted(lines, key=line_key))
     chosen: dict[int, UsageLine] = {}
     for raw in lines:
-        line = raw if raw.time.tzinfo is UTC else replace(raw, time=utc(raw.time))
+        line = raw if raw.time.tzinfo is UTC else msgspec.structs.replace(raw, time=utc(raw.time))
         kept = chosen.get(line.line_id)
         if kept is None or _line_content_key(line) < _line_content_key(kept):
             chosen[line.line_id] = line
@@ -96,8 +107,7 @@ def is_client_evidence(event: EventFact) -> bool:
     return event.type == "run.failed" and event.data.get("cause") == "client"
 
 
-@dataclass(frozen=True, slots=True)
-class Timeline:
+class Timeline(msgspec.Struct, frozen=True):
     events: tuple[EventFact, ...]  # sorted by (time, type, event_id)
     lines: tuple[UsageLine, ...]  # sorted by (time, line_id)
     terminal: EventFact | None

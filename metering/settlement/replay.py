@@ -19,7 +19,9 @@ decision). Under the candidate, the automatic credits and refunds of the custome
 that ended earlier are adjusted by what the candidate changes for them. Decisions made
 before the period inputs were recorded replay with the period built up in end order.
 
-Runs are streamed through a server-side cursor in batches, in (customer, end, id) order, so
+Rows come in PostgreSQL's binary format (a quarter less of the process's time to read the
+usage lines than text: no timestamps or integers parsed from text). Runs are streamed
+through a server-side cursor in batches, in (customer, end, id) order, so
 memory holds one batch and the per-customer sums, not the period.
 """
 
@@ -170,7 +172,7 @@ def _runs(
 ) -> Iterator[list[_Run]]:
     # One query through a server-side cursor: sorted once, fetched a batch at a time (paging
     # with a key re-sorted the period for every batch, quadratic in its runs).
-    with conn.cursor(name="what_if_runs") as cursor:
+    with conn.cursor(name="what_if_runs", binary=True) as cursor:
         params = {"tenant": tenant, "period": period, "shards": shard.of, "shard": shard.index}
         cursor.execute(RUNS, params)
         while rows := cursor.fetchmany(BATCH):
@@ -242,7 +244,7 @@ def _facts(
     """The batch's facts; the usage lines of runs not in ``checked`` have no name (their
     candidate decision's evidence ids are not read, and nothing else reads a name)."""
     params = {"ids": [r.run_id for r in runs]}
-    event_rows = conn.execute(REPLAY_EVENTS, params).fetchall()
+    event_rows = conn.cursor(binary=True).execute(REPLAY_EVENTS, params).fetchall()
     bodies = msgspec.json.decode("[" + ",".join(row[4] for row in event_rows) + "]")
     events: dict[int, list[EventFact]] = {}
     for (run_id, event_id, type_, time, _), data in zip(event_rows, bodies, strict=True):
@@ -250,11 +252,12 @@ def _facts(
     usage: dict[int, list[UsageLine]] = {}
     line_costs: dict[int, dict[int, int]] = {}
     named = set(checked)
-    usage_rows = conn.execute(
+    reads = conn.cursor(binary=True)
+    usage_rows = reads.execute(
         REPLAY_USAGE, {"ids": [r.run_id for r in runs if r.run_id not in named]}
     ).fetchall()
     if checked:
-        usage_rows += conn.execute(REPLAY_USAGE_NAMED, {"ids": checked}).fetchall()
+        usage_rows += reads.execute(REPLAY_USAGE_NAMED, {"ids": checked}).fetchall()
     # The loop over every usage line of the period: local names, no helper calls.
     total_micros, uncosted = costs.total_micros, 0
     for run_id, line_id, name, step, attempt, tool, replay_, gross, at, *priced in usage_rows:

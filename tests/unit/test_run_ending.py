@@ -3,7 +3,7 @@ agrees with the policy, ties included."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from msgspec.structs import replace
 
 from metering.policy import HELD_FOR_REVIEW, decide
 from metering.policy.ending import Ending, ending_of_events
