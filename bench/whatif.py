@@ -30,7 +30,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import psycopg
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +42,7 @@ from metering.db import SESSION_OPTIONS, create_db_engine  # noqa: E402
 from metering.keys_repo import ensure_tenant  # noqa: E402
 from metering.migrate import upgrade  # noqa: E402
 from metering.policies.defaults import settings_policy  # noqa: E402
-from metering.policy import EventFact, RunFacts, UsageLine, decide  # noqa: E402
+from metering.policy import RunFacts, decide  # noqa: E402
 from metering.policy.document import parse_policy  # noqa: E402
 from metering.prices import (  # noqa: E402
     PROVIDER_COSTS,
@@ -52,6 +51,7 @@ from metering.prices import (  # noqa: E402
     read_catalog_file,
 )
 from metering.settlement import replay, replay_shards  # noqa: E402
+from metering.settlement.decided_facts import decode_decided_facts  # noqa: E402
 from metering.settlement.replay import WhatIf  # noqa: E402
 from metering.settlement.replay_shards import Parallelism, replay_period_parallel  # noqa: E402
 from metering.settlement.runner import settle_due_now  # noqa: E402
@@ -179,33 +179,23 @@ def phases(url: str) -> dict[str, tuple[float, float]]:
         for (period,) in conn.execute("SELECT DISTINCT period FROM runs").fetchall():
             clock[:] = [time.perf_counter(), time.process_time()]
             for batch in replay._runs(conn, base.TENANT, period, replay.Shard()):
-                lap("runs and their decisions: read")
-                ids = {"ids": [run.run_id for run in batch]}
-                rows = conn.cursor(binary=True).execute(replay.REPLAY_EVENTS, ids).fetchall()
-                lap("events: read")
-                bodies = msgspec.json.decode("[" + ",".join(row[4] for row in rows) + "]")
-                events: dict[int, list[EventFact]] = {}
-                for (run_id, name, type_, at, _), data in zip(rows, bodies, strict=True):
-                    events.setdefault(run_id, []).append(EventFact(name, type_, at, data))
-                lap("events: facts built")
-                rows = conn.cursor(binary=True).execute(replay.REPLAY_USAGE, ids).fetchall()
-                lap("usage lines: read")
-                usage: dict[int, list[UsageLine]] = {}
-                for run_id, line_id, name, step, attempt, tool, again, gross, at, *_ in rows:
-                    usage.setdefault(run_id, []).append(
-                        UsageLine(line_id, name, step, attempt, tool, again, gross, at)
-                    )
-                lap("usage lines: facts built")
-                for *_, at, model, inp, cached, out in rows:
-                    costs.total_micros(model, inp, cached, out, at)
+                lap("runs, decisions and their facts records: read")
+                decided = [decode_decided_facts(run.facts) for run in batch]
+                lap("facts records: decoded")
+                unrecorded = sum(facts is None for facts in decided)
+                if unrecorded:
+                    raise SystemExit(f"{unrecorded} decisions kept no facts record: reload")
+                for facts in decided:
+                    assert facts is not None
+                    for line, (model, inp, cached, out) in zip(
+                        facts.usage, facts.pricing, strict=True
+                    ):
+                        costs.total_micros(model, inp, cached, out, line.time)
                 lap("usage lines: provider cost")
-                for run in batch:
-                    facts = RunFacts(
-                        tuple(events.get(run.run_id, ())),
-                        tuple(usage.get(run.run_id, ())),
-                        run.abandoned,
-                    )
-                    decide(facts, config, explained=False)
+                for run, facts in zip(batch, decided, strict=True):
+                    assert facts is not None
+                    run_facts = RunFacts(facts.events, facts.usage, run.abandoned)
+                    decide(run_facts, config, explained=False)
                 lap("decide (candidate, no words)")
     return {name: (wall, cpu) for name, (wall, cpu) in spent.items()}
 
@@ -215,14 +205,14 @@ def decide_rate(url: str, rounds: int) -> dict[str, Any]:
     reads them, under the candidate, on one core."""
     settings = Settings(database_url=url)
     config = parse_policy(CANDIDATE, defaults=settings_policy(settings)).config()
-    facts = []
+    facts: list[RunFacts] = []
     with psycopg.connect(url, options=SESSION_OPTIONS) as conn:
         costs = load_catalog(conn, PROVIDER_COSTS)
         for (period,) in conn.execute("SELECT DISTINCT period FROM runs").fetchall():
             report = WhatIf(period, parse_policy(CANDIDATE, defaults=settings_policy(settings)))
             for batch in replay._runs(conn, base.TENANT, period, replay.Shard()):
                 ids = [run.run_id for run in batch]
-                read = replay._facts(conn, batch, ids, costs, report)
+                read = replay._facts(conn, batch, set(ids), costs, report)
                 facts.extend(
                     RunFacts(
                         tuple(read.events.get(run.run_id, ())),

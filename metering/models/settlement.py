@@ -79,3 +79,7 @@ class DecisionRow(SQLModel, table=True):
         default=None, sa_column=sa.Column(sa.BigInteger)
     )
     period_auto_refunded_runs: int | None = Field(default=None, sa_column=sa.Column(sa.BigInteger))
+    # The facts the policy was given, as one MessagePack record
+    # (``metering/settlement/decided_facts.py``): a what-if replays from it. NULL for
+    # decisions made before it was kept, which are replayed from the events instead.
+    facts: bytes | None = Field(default=None, sa_column=sa.Column(sa.LargeBinary))

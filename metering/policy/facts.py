@@ -17,8 +17,9 @@ OUTCOMES: Final = (CONFIRMED, PARTIALLY_CREDITED, REFUNDED, HELD_FOR_REVIEW)
 PPM: Final = 1_000_000
 
 
-class EventFact(msgspec.Struct, frozen=True):
-    """What status and policy need of one stored event."""
+class EventFact(msgspec.Struct, frozen=True, array_like=True):
+    """What status and policy need of one stored event. (``array_like``: kept on decisions
+    as MessagePack arrays, ``metering/settlement/decided_facts.py``.)"""
 
     event_id: str
     type: str
@@ -26,8 +27,8 @@ class EventFact(msgspec.Struct, frozen=True):
     data: dict[str, Any]
 
 
-class UsageLine(msgspec.Struct, frozen=True):
-    """One priced ``run.usage`` event (a ledger hold)."""
+class UsageLine(msgspec.Struct, frozen=True, array_like=True):
+    """One priced ``run.usage`` event (a ledger hold). (``array_like`` as ``EventFact``.)"""
 
     line_id: int
     event_id: str

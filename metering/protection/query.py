@@ -95,7 +95,7 @@ def _costed(
         for d in chunk
         if d.outcome != HELD_FOR_REVIEW and len(crediting_rules(d.rule_ids)) > 1
     ]
-    evidence = load_evidence(conn, ambiguous) if ambiguous else Evidence({}, {}, {})
+    evidence = load_evidence(conn, ambiguous) if ambiguous else Evidence({}, {}, {}, {})
     for d in chunk:
         held = d.outcome == HELD_FOR_REVIEW
         facts = partial(_facts, evidence, d)

@@ -46,6 +46,7 @@ from metering.policy.facts import EventFact, PolicyConfig, UsageLine
 from metering.policy.support import SupportGrant, apply_support, covered_credit_micros
 from metering.prices import PROVIDER_COSTS, load_catalog
 from metering.pricing import PriceCatalog
+from metering.settlement.decided_facts import LinePricing, decode_decided_facts
 
 BATCH = 2_000
 EXAMPLES = 5
@@ -57,7 +58,7 @@ SELECT r.id, r.subject, r.customer_id, r.ended_at, r.terminal_at IS NULL, r.supp
        r.auto_credited_micros, d.outcome, d.billed_micros, d.credited_micros,
        d.credited_line_ids, d.rule_ids, d.evidence_event_ids, d.explanation, d.policy_version,
        d.period_gross_micros, d.period_auto_credited_micros, d.period_auto_refunded_runs,
-       r.gross_micros, r.support_credit_micros > 0
+       r.gross_micros, r.support_credit_micros > 0, d.facts
 FROM runs r JOIN decisions d ON d.run_id = r.id AND d.version = r.decision_version
 WHERE r.tenant_id = %(tenant)s AND r.period = %(period)s AND r.decision_version > 0
   AND (hashtext(r.customer_id) & 2147483647) %% %(shards)s = %(shard)s
@@ -156,6 +157,7 @@ class _Run:
     gross_micros: int
     ended_at: datetime
     has_grants: bool
+    facts: bytes | None  # the facts it was decided on, as settlement kept them (or None)
 
 
 @dataclass(frozen=True)
@@ -197,6 +199,7 @@ def _run(row: tuple[Any, ...]) -> _Run:
         gross_micros=int(row[18]),
         ended_at=row[3],
         has_grants=row[19],
+        facts=row[20],
     )
 
 
@@ -237,20 +240,68 @@ class _Facts:
 def _facts(
     conn: psycopg.Connection[Any],
     runs: list[_Run],
-    checked: list[int],
+    checks: set[int],
     costs: PriceCatalog,
     report: WhatIf,
 ) -> _Facts:
-    """The batch's facts; the usage lines of runs not in ``checked`` have no name (their
-    candidate decision's evidence ids are not read, and nothing else reads a name)."""
+    """The batch's facts: from the record each decision kept where it has one, else read
+    from the tables (decisions made before records were kept)."""
+    facts = _Facts({}, {}, {}, {})
+    unrecorded: list[_Run] = []
+    for run in runs:
+        decided = decode_decided_facts(run.facts)
+        if decided is None:
+            unrecorded.append(run)
+            continue
+        facts.events[run.run_id] = list(decided.events)
+        facts.usage[run.run_id] = list(decided.usage)
+        facts.line_costs[run.run_id] = _line_costs(decided.usage, decided.pricing, costs, report)
+    if unrecorded:
+        checked = sorted(r.run_id for r in unrecorded if r.run_id in checks)
+        _read_facts(conn, unrecorded, checked, costs, report, into=facts)
+    with_grants = [r.run_id for r in runs if r.has_grants]
+    if with_grants:
+        facts.grants.update(_grants(conn, with_grants))
+    return facts
+
+
+def _line_costs(
+    usage: tuple[UsageLine, ...],
+    pricing: tuple[LinePricing, ...],
+    costs: PriceCatalog,
+    report: WhatIf,
+) -> dict[int, int]:
+    total_micros, priced = costs.total_micros, {}
+    for line, (model, input_tokens, cached_input_tokens, output_tokens) in zip(
+        usage, pricing, strict=True
+    ):
+        cost = total_micros(model, input_tokens, cached_input_tokens, output_tokens, line.time)
+        if cost is None:  # a model the cost catalog has no cost for: counted, at none
+            cost = 0
+            report.uncosted_lines += 1
+        priced[line.line_id] = cost
+    return priced
+
+
+def _read_facts(
+    conn: psycopg.Connection[Any],
+    runs: list[_Run],
+    checked: list[int],
+    costs: PriceCatalog,
+    report: WhatIf,
+    *,
+    into: _Facts,
+) -> None:
+    """The facts of runs whose decision kept no record, from the events and usage-line
+    tables; the usage lines of runs not in ``checked`` have no name (their candidate
+    decision's evidence ids are not read, and nothing else reads a name)."""
     params = {"ids": [r.run_id for r in runs]}
     event_rows = conn.cursor(binary=True).execute(REPLAY_EVENTS, params).fetchall()
     bodies = msgspec.json.decode("[" + ",".join(row[4] for row in event_rows) + "]")
-    events: dict[int, list[EventFact]] = {}
+    events = into.events
     for (run_id, event_id, type_, time, _), data in zip(event_rows, bodies, strict=True):
         events.setdefault(run_id, []).append(EventFact(event_id, type_, time, data))
-    usage: dict[int, list[UsageLine]] = {}
-    line_costs: dict[int, dict[int, int]] = {}
+    usage, line_costs = into.usage, into.line_costs
     named = set(checked)
     reads = conn.cursor(binary=True)
     usage_rows = reads.execute(
@@ -258,7 +309,7 @@ def _facts(
     ).fetchall()
     if checked:
         usage_rows += reads.execute(REPLAY_USAGE_NAMED, {"ids": checked}).fetchall()
-    # The loop over every usage line of the period: local names, no helper calls.
+    # The loop over every usage line of such runs: local names, no helper calls.
     total_micros, uncosted = costs.total_micros, 0
     for run_id, line_id, name, step, attempt, tool, replay_, gross, at, *priced in usage_rows:
         lines = usage.get(run_id)
@@ -272,8 +323,6 @@ def _facts(
             cost, uncosted = 0, uncosted + 1
         line_costs[run_id][line_id] = cost
     report.uncosted_lines += uncosted
-    with_grants = [r.run_id for r in runs if r.has_grants]
-    return _Facts(events, usage, line_costs, _grants(conn, with_grants) if with_grants else {})
 
 
 def _grants(conn: psycopg.Connection[Any], run_ids: list[int]) -> dict[int, list[SupportGrant]]:
@@ -399,7 +448,7 @@ def _replay(
             for i, run in enumerate(batch, start=report.runs)
             if check_all or i < CHECK_ALL or i % CHECK_EVERY == 0
         }
-        facts_of = _facts(conn, batch, sorted(checks), costs, report)
+        facts_of = _facts(conn, batch, checks, costs, report)
         for run in batch:
             state = running.setdefault(run.customer, _Running())
             events = tuple(facts_of.events.get(run.run_id, ()))

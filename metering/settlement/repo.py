@@ -6,7 +6,7 @@ one statement for the whole chunk.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -16,6 +16,7 @@ import psycopg
 
 from metering.policy import CustomerPeriod, EventFact, UsageLine
 from metering.policy.support import SupportGrant
+from metering.settlement.decided_facts import LinePricing
 from metering.settlement.due import RunClock
 
 
@@ -115,6 +116,7 @@ class Evidence:
     events: dict[int, list[EventFact]]
     usage: dict[int, list[UsageLine]]
     summaries: dict[int, UsageSummary]  # models and tokens, kept on the decision
+    pricing: dict[int, list[LinePricing]]  # of each line of ``usage``, in its order
 
 
 # ``data`` as text: decoding all of a chunk's bodies in one msgspec call costs a fraction of
@@ -147,9 +149,11 @@ def load_evidence(conn: psycopg.Connection[Any], run_ids: Sequence[int]) -> Evid
         events.setdefault(run_id, []).append(EventFact(event_id, type_, time, data))
         names[pk] = event_id
     usage: dict[int, list[UsageLine]] = {}
-    for run_id, line_id, event_pk, *line, _model, _inp, _cached, _out in usage_rows:
+    pricing: dict[int, list[LinePricing]] = {}
+    for run_id, line_id, event_pk, *line, model, inp, cached, out in usage_rows:
         usage.setdefault(run_id, []).append(UsageLine(line_id, names[event_pk], *line))
-    return Evidence(events, usage, _summaries(usage_rows))
+        pricing.setdefault(run_id, []).append((model, inp, cached, out))
+    return Evidence(events, usage, _summaries(usage_rows), pricing)
 
 
 def _summaries(usage_rows: Sequence[tuple[Any, ...]]) -> dict[int, UsageSummary]:
@@ -261,7 +265,7 @@ DECISION_COLUMNS = (
     "billed_micros, credited_micros, credited_line_ids, rule_ids, evidence_event_ids, "
     "explanation, evidence_version, period, ended_at, statement_period, started_at, models, "
     "input_tokens, cached_input_tokens, output_tokens, policy_version, period_gross_micros, "
-    "period_auto_credited_micros, period_auto_refunded_runs"
+    "period_auto_credited_micros, period_auto_refunded_runs, facts"
 )
 
 
@@ -276,8 +280,13 @@ def _text_array(items: Sequence[str]) -> str:
     return "{" + ",".join(f'"{item}"' for item in quoted) + "}"
 
 
-def insert_decisions(conn: psycopg.Connection[Any], records: Sequence[DecisionRecord]) -> None:
+def insert_decisions(
+    conn: psycopg.Connection[Any],
+    records: Sequence[DecisionRecord],
+    facts: Mapping[int, bytes | None] | None = None,
+) -> None:
     """COPY, not INSERT: one stream for the chunk instead of a statement per decision.
+    ``facts``: the record of the facts each run was decided on, by run id (none: NULL).
 
     Array columns go as literals made here: psycopg dumps a list element by element in
     Python, which was most of this function's time.
@@ -315,6 +324,7 @@ def insert_decisions(conn: psycopg.Connection[Any], records: Sequence[DecisionRe
                     d.period_inputs.period_gross_micros,
                     d.period_inputs.auto_credited_micros,
                     d.period_inputs.auto_refunded_runs,
+                    (facts or {}).get(d.run_id),
                 )
             )
 

@@ -35,6 +35,7 @@ from metering.policy.ending import ending_of_events
 from metering.policy.support import apply_support, covered_credit_micros
 from metering.settlement import repo
 from metering.settlement.announce import announce_settlement
+from metering.settlement.decided_facts import encode_decided_facts
 from metering.settlement.due import Windows, due_at
 from metering.statements.projection import LineChange, record_lines
 
@@ -118,6 +119,7 @@ def settle_runs(
     configs: dict[tuple[str, int], PolicyConfig] = {}
     entries: list[EntryRecord] = []
     unchanged: list[repo.LockedRun] = []
+    decided_facts: dict[int, bytes | None] = {}
     for run in sorted(due, key=lambda r: (ended[r.run_id], r.run_id)):
         period_totals = totals[(run.tenant_id, run.customer_id, periods[run.run_id])]
         facts = RunFacts(
@@ -165,9 +167,12 @@ def settle_runs(
         )
         report.records.append(record)
         report.decided[run.run_id] = record.version
+        decided_facts[run.run_id] = encode_decided_facts(
+            facts, tuple(evidence.pricing.get(run.run_id, ()))
+        )
         entries.extend(_entries(run, record))
     report.unchanged = [r.run_id for r in unchanged]
-    repo.insert_decisions(conn, report.records)
+    repo.insert_decisions(conn, report.records, decided_facts)
     insert_entries(conn, entries)
     repo.mark_settled(conn, report.records, unchanged)
     outbox.enqueue(
