@@ -7,19 +7,24 @@ after them; every run when asked) is also decided under the policy version that 
 decision, which must reproduce the stored decision exactly; the report counts the runs
 checked and reproduced, so a replay that drifted from settlement shows itself.
 
-Speed (issue #17 asks for 100,000 runs in seconds): the facts are read the way ``decide``
-uses them, not the way settlement stores them. ``run.usage`` events are not read: ingest
-stores each with exactly one usage line carrying its time and its name (one statement,
-``metering/ingest/store.py``), and the policy reads nothing of a usage event that its line
-does not carry (its time, for a run that ended without a terminal event). The usage query
-brings the tokens too, so the provider cost of each line is priced in the same pass.
+Speed (issue #17 asks for 100,000 runs in seconds): each decision keeps the facts it was
+made on (``decided_facts.py``), so a run's facts are one value read with its decision and
+decoded into the policy's structs in C, and the provider cost of each line is priced from
+the model and tokens kept beside it. A decision without that record (made before it was
+kept) has its facts read from the tables the way ``decide`` uses them: ``run.usage`` events
+are not read (ingest stores each with exactly one usage line carrying its time and its
+name, one statement, ``metering/ingest/store.py``, and the policy reads nothing of a usage
+event that its line does not carry); the usage query brings the tokens too.
+
+A replay sees the facts a run was decided on: evidence that arrived after its decision and
+has not re-settled it yet is not in them (nor in the stored decision the check compares).
 
 The R8 cap reads the customer's period as it stood when the run was decided (recorded on the
 decision). Under the candidate, the automatic credits and refunds of the customer's runs
 that ended earlier are adjusted by what the candidate changes for them. Decisions made
 before the period inputs were recorded replay with the period built up in end order.
 
-Rows come in PostgreSQL's binary format (a quarter less of the process's time to read the
+Rows come in PostgreSQL's binary format (a quarter less of the process's time to read
 usage lines than text: no timestamps or integers parsed from text). Runs are streamed
 through a server-side cursor in batches, in (customer, end, id) order, so
 memory holds one batch and the per-customer sums, not the period.
