@@ -60,7 +60,7 @@ from metering.settlement.due import (  # noqa: E402
     CLAIM_DUE_RUNS,
     Windows,
     claim_due_runs,
-    cutoff_params,
+    claim_params,
     park_poison_runs,
 )
 from metering.statements.query import (  # noqa: E402
@@ -452,14 +452,7 @@ def bench_statement(url: str, customer: str, period: str, rounds: int) -> dict[s
 
 def claim(now: datetime) -> dict[str, Any]:
     """``CLAIM_DUE_RUNS``'s parameters as ``claim_due_runs`` passes them for one pass."""
-    return {
-        "now": now,
-        "limit": 5000,
-        "lease_until": now + LEASE,
-        "only": None,
-        "elsewhere": [],
-        **cutoff_params(WINDOWS, now),
-    }
+    return claim_params(now, WINDOWS, limit=5000, lease=LEASE)
 
 
 def explain(url: str, sql: str, params: dict[str, Any]) -> str:

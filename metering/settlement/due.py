@@ -106,7 +106,10 @@ SWEEP_LOCK_KEY = 0x5EE9_0000
 # later sweep: a second chunk of theirs could otherwise be settled before the first, out of
 # end-time order, and R8 reads the customer's earlier decisions.
 # (NOT IN, not NOT EXISTS: it becomes one hashed subplan whatever the row estimates; both
-# columns are NOT NULL.)
+# columns are NOT NULL.) The claimed runs are updated by an id array, not ``FROM due``: the
+# planner estimates ``due`` at its LIMIT and, joining it as a table, hashed a sequential
+# scan of every stored run (issue #18); ``id = ANY(array)`` is a probe of ``pk_runs`` per
+# due run, so a sweep costs the same whatever the settled history. Ids are unique alone.
 CLAIM_DUE_RUNS = f"""
 WITH due AS (
     SELECT id FROM runs
@@ -125,7 +128,7 @@ WITH due AS (
     FOR UPDATE SKIP LOCKED
 )
 UPDATE runs SET claimed_until = %(lease_until)s, settle_attempts = settle_attempts + 1
-FROM due WHERE runs.id = due.id
+WHERE runs.id = ANY(ARRAY(SELECT id FROM due))
 RETURNING runs.id, runs.tenant_id, runs.customer_id, COALESCE(terminal_at, last_event_at)
 """
 
@@ -171,6 +174,28 @@ def cutoff_params(windows: Windows, now: datetime) -> dict[str, datetime]:
     }
 
 
+def claim_params(
+    now: datetime,
+    windows: Windows,
+    *,
+    limit: int,
+    lease: timedelta,
+    only: list[str] | None = None,
+    elsewhere: list[str] | None = None,
+) -> dict[str, Any]:
+    """One pass's ``CLAIM_DUE_RUNS`` parameters: runs due by ``windows`` of the tenants in
+    ``only`` (all when None) but not in ``elsewhere``. Named once, so the plan test and the
+    growth bench EXPLAIN the claim with the parameters the sweep binds."""
+    return {
+        "now": now,
+        "limit": limit,
+        "lease_until": now + lease,
+        "only": only,
+        "elsewhere": elsewhere or [],
+        **cutoff_params(windows, now),
+    }
+
+
 def park_poison_runs(
     conn: psycopg.Connection[Any], now: datetime, max_attempts: int
 ) -> list[ParkedRun]:
@@ -207,14 +232,9 @@ def claim_due_runs(
         left = limit - len(claimed)
         if left <= 0:
             break
-        params: dict[str, Any] = {
-            "now": now,
-            "limit": left,
-            "lease_until": now + lease,
-            "only": only,
-            "elsewhere": elsewhere,
-            **cutoff_params(pass_windows, now),
-        }
+        params = claim_params(
+            now, pass_windows, limit=left, lease=lease, only=only, elsewhere=elsewhere
+        )
         claimed += [ClaimedRun(*row) for row in conn.execute(CLAIM_DUE_RUNS, params).fetchall()]
     claimed.sort(key=lambda c: (c.ended_at, c.run_id))
     return claimed
