@@ -8,7 +8,7 @@ from typing import Any
 from litestar import Request, Response, get, post
 from litestar.datastructures import State
 from litestar.openapi.datastructures import ResponseSpec
-from litestar.params import FromPath, FromQuery, Parameter
+from litestar.params import FromPath, FromQuery, JSONBody, Parameter
 
 from api.admin import as_admin, rfc3339, shared_options
 from api.downloads import wants_csv
@@ -57,7 +57,7 @@ def _known(version: int) -> int:
     responses=problems(*AUTHENTICATED, 413, 422),
 )
 async def create_policy(
-    request: Request[Any, Any, Any], data: PolicyCreate, state: State
+    request: Request[Any, Any, Any], data: JSONBody[PolicyCreate], state: State
 ) -> PolicyReply:
     def work(services: Services, principal: Principal) -> PolicyReply:
         # Read after the key is checked: a request without one is 401, whatever its body.
@@ -169,7 +169,7 @@ async def get_policy(
 )
 async def policy_what_if(
     request: Request[Any, Any, Any],
-    data: WhatIfRequest,
+    data: JSONBody[WhatIfRequest],
     state: State,
     format: FromQuery[str] = "json",
     table: FromQuery[str] = "customers",

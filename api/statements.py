@@ -14,7 +14,7 @@ from anyio import to_thread
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from litestar import Request, Response, get, post
 from litestar.datastructures import State
-from litestar.params import FromPath
+from litestar.params import FromPath, JSONBody
 from litestar.response import Stream
 
 from api.amounts import usd_html
@@ -237,7 +237,7 @@ class StatementLinkReply(msgspec.Struct):
 async def create_statement_link(
     request: Request[Any, Any, Any],
     customer: FromPath[str],
-    data: StatementLinkRequest,
+    data: JSONBody[StatementLinkRequest],
     state: State,
 ) -> StatementLinkReply:
     services: Services = state.services

@@ -10,7 +10,7 @@ import msgspec
 from anyio import to_thread
 from litestar import Request, get, post
 from litestar.datastructures import State
-from litestar.params import FromPath
+from litestar.params import FromPath, JSONBody
 
 from api.openapi_docs import AUTHENTICATED, keys, problems
 from api.runs import run_reply
@@ -128,7 +128,10 @@ async def run_timeline(
     responses=problems(*AUTHENTICATED, 404, 409, 413, 422),
 )
 async def open_dispute(
-    request: Request[Any, Any, Any], run: FromPath[str], data: DisputeRequest, state: State
+    request: Request[Any, Any, Any],
+    run: FromPath[str],
+    data: JSONBody[DisputeRequest],
+    state: State,
 ) -> DisputeOpened:
     def work(services: Services, principal: Principal) -> DisputeOpened:
         with raw_transaction(services.engine) as conn:
@@ -169,7 +172,10 @@ def _run_of_dispute(services: Services, principal: Principal, dispute_id: int) -
     responses=problems(*AUTHENTICATED, 404, 409, 413, 422),
 )
 async def approve_dispute(
-    request: Request[Any, Any, Any], dispute_id: FromPath[int], data: CreditRequest, state: State
+    request: Request[Any, Any, Any],
+    dispute_id: FromPath[int],
+    data: JSONBody[CreditRequest],
+    state: State,
 ) -> RunReply:
     def work(services: Services, principal: Principal) -> RunReply:
         with raw_transaction(services.engine) as conn:
@@ -196,7 +202,10 @@ async def approve_dispute(
     responses=problems(*AUTHENTICATED, 404, 409, 413, 422),
 )
 async def reject_dispute(
-    request: Request[Any, Any, Any], dispute_id: FromPath[int], data: ReasonRequest, state: State
+    request: Request[Any, Any, Any],
+    dispute_id: FromPath[int],
+    data: JSONBody[ReasonRequest],
+    state: State,
 ) -> RunReply:
     def work(services: Services, principal: Principal) -> RunReply:
         with raw_transaction(services.engine) as conn:
@@ -215,7 +224,7 @@ async def reject_dispute(
     responses=problems(*AUTHENTICATED, 404, 409, 413, 422),
 )
 async def credit_run(
-    request: Request[Any, Any, Any], run: FromPath[str], data: CreditRequest, state: State
+    request: Request[Any, Any, Any], run: FromPath[str], data: JSONBody[CreditRequest], state: State
 ) -> RunReply:
     def work(services: Services, principal: Principal) -> RunReply:
         with raw_transaction(services.engine) as conn:
@@ -244,7 +253,7 @@ async def credit_run(
     responses=problems(*AUTHENTICATED, 404, 409, 413, 422),
 )
 async def release_run(
-    request: Request[Any, Any, Any], run: FromPath[str], data: ReasonRequest, state: State
+    request: Request[Any, Any, Any], run: FromPath[str], data: JSONBody[ReasonRequest], state: State
 ) -> RunReply:
     def work(services: Services, principal: Principal) -> RunReply:
         with raw_transaction(services.engine) as conn:

@@ -7,7 +7,7 @@ from typing import Any
 
 from litestar import Request, delete, get, patch, post
 from litestar.datastructures import State
-from litestar.params import FromPath
+from litestar.params import FromPath, JSONBody
 
 from api.admin import as_admin, rfc3339, shared_options
 from api.openapi_docs import AUTHENTICATED, keys, problems
@@ -48,7 +48,7 @@ def _now() -> datetime:
     responses=problems(*AUTHENTICATED, 409, 413, 422),
 )
 async def create_endpoint(
-    request: Request[Any, Any, Any], data: EndpointCreate, state: State
+    request: Request[Any, Any, Any], data: JSONBody[EndpointCreate], state: State
 ) -> EndpointCreated:
     spec = endpoints.EndpointSpec(data.url, data.event_types, data.description, data.enabled)
 
@@ -100,7 +100,10 @@ async def get_endpoint(
     responses=problems(*AUTHENTICATED, 404, 413, 422),
 )
 async def update_endpoint(
-    request: Request[Any, Any, Any], endpoint_id: FromPath[str], data: EndpointUpdate, state: State
+    request: Request[Any, Any, Any],
+    endpoint_id: FromPath[str],
+    data: JSONBody[EndpointUpdate],
+    state: State,
 ) -> EndpointReply:
     change = endpoints.EndpointChange(data.url, data.event_types, data.description, data.enabled)
 
@@ -205,7 +208,10 @@ async def redeliver_message(
     responses=problems(*AUTHENTICATED, 404, 409, 413, 422),
 )
 async def redeliver_since(
-    request: Request[Any, Any, Any], endpoint_id: FromPath[str], data: RedeliverSince, state: State
+    request: Request[Any, Any, Any],
+    endpoint_id: FromPath[str],
+    data: JSONBody[RedeliverSince],
+    state: State,
 ) -> Requeued:
     def work(services: Services, principal: Principal) -> Requeued:
         since = rfc3339(data.since, "$.since")
