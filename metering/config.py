@@ -174,6 +174,10 @@ class Settings(BaseSettings):
     # for its decision is announced once that run settles, if it is still among them).
     statement_close_interval_s: float = 300.0
     statement_close_lookback_periods: int = 3
+    # Monthly partitions of the append-only tables (issue #18, metering/history): made this
+    # many months ahead, checked this often (each check creates only what is missing).
+    partitions_ahead_months: int = Field(default=3, ge=1, le=24)
+    partitions_interval_s: float = 3600.0
     # How long a statement link support sends a customer opens the statement (issue #15).
     statement_link_ttl_s: int = 7 * 24 * 3600
 

@@ -73,6 +73,11 @@ def create_celery(settings: Settings | None = None) -> Celery:
                 "task": "fairmeter.check_stripe_drift",
                 "schedule": settings.stripe_drift_interval_s,
             },
+            "ensure-partitions": {
+                "task": "fairmeter.ensure_partitions",
+                "schedule": settings.partitions_interval_s,
+                "options": {"expires": settings.partitions_interval_s},
+            },
         },
     )
     app.conf.update(broker_conf(settings))

@@ -12,6 +12,8 @@ from datetime import UTC, datetime, timedelta
 from celery import Task
 
 from metering.billing import service as billing
+from metering.db import raw_transaction
+from metering.history.partitions import ensure_month_partitions
 from metering.settlement.runner import claim_due_chunks, now_utc, settle_chunk
 from metering.statements.closing import close_due_statements
 from metering.webhooks.delivery import deliver_in_turn
@@ -65,6 +67,20 @@ def handle_stripe_webhooks() -> int:
 def close_statements() -> int:
     """Beat: announce each customer's statement once it is final (``statement.closed``)."""
     return close_due_statements(engine(), settings())
+
+
+@app.task(name="fairmeter.ensure_partitions")
+def ensure_partitions() -> int:
+    """Hourly: this month's and the next months' partitions of the monthly tables; a month
+    its table's default partition blocks is an error for an operator (its rows are safe)."""
+    with raw_transaction(engine()) as conn:
+        made = ensure_month_partitions(conn, datetime.now(UTC), settings().partitions_ahead_months)
+    for blocked in (m for m in made if m.outcome == "blocked"):
+        log.error(
+            "partition blocked: the default partition holds rows of its month; move them",
+            extra={"table": blocked.table, "partition": blocked.partition},
+        )
+    return sum(m.outcome == "created" for m in made)
 
 
 @app.task(name="fairmeter.check_stripe_drift")

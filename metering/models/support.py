@@ -90,7 +90,8 @@ class AuditRow(SQLModel, table=True):
 
     __tablename__ = "audit_log"
     __table_args__ = (
-        tenant_primary_key("id"),
+        # Partitioned by month of created_at (migration 0023): the key must include it.
+        sa.PrimaryKeyConstraint("id", "tenant_id", "created_at"),
         sa.Index("ix_audit_log_tenant_id_created_at", "tenant_id", "created_at"),
     )
 
@@ -104,4 +105,10 @@ class AuditRow(SQLModel, table=True):
     reason: str | None = Field(default=None, sa_column=sa.Column(sa.Text))
     before: dict[str, Any] | None = Field(default=None, sa_column=sa.Column(JSONB))
     after: dict[str, Any] | None = Field(default=None, sa_column=sa.Column(JSONB))
-    created_at: datetime | None = timestamp_field(default_now=True)
+    # Part of the key: the table is partitioned by month of it (migration 0023).
+    created_at: datetime | None = Field(
+        default=None,
+        sa_column=sa.Column(
+            sa.DateTime(timezone=True), primary_key=True, server_default=sa.func.now()
+        ),
+    )
