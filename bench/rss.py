@@ -51,6 +51,9 @@ class Root:
     parent_role: str | None = None
 
 
+CHECKPOINTS = (0.10, 0.25, 0.50, 0.75, 1.0)
+
+
 @dataclass
 class Sample:
     at_s: float  # since the sampler started
@@ -78,6 +81,8 @@ class Figures:
     end_kb: int
     started_after_warmup: bool
     alive_at_end: bool
+    # RSS at the first sample at or past each share of CHECKPOINTS (None: not alive then).
+    trajectory_kb: tuple[int | None, ...]
 
     @property
     def peak_growth_pct(self) -> float:
@@ -160,6 +165,15 @@ class RssSampler:
                     end_kb=samples[-1].rss_kb,
                     started_after_warmup=samples[0].progress >= warm_progress,
                     alive_at_end=samples[-1].at_s == self._last_at_s,
+                    trajectory_kb=tuple(at_progress(samples, share) for share in CHECKPOINTS),
                 )
             )
         return out
+
+
+def at_progress(samples: list[Sample], share: float) -> int | None:
+    """RSS at the first sample at or past ``share`` of the events, if alive by then and
+    not first seen only later (the replacement of a process is not its size)."""
+    if samples[0].progress > share:
+        return None
+    return next((s.rss_kb for s in samples if s.progress >= share), None)

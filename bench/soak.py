@@ -147,21 +147,23 @@ class Service:
 def start_service(
     stack: ExitStack, args: argparse.Namespace, env: dict[str, str], logs: Path
 ) -> Service:
-    """The API with all its workers serving, a worker answering pings, and beat."""
+    """The worker and beat started first, as they import while the API starts (each takes
+    seconds on a busy machine); returns once every API worker serves, the worker answers
+    a ping and beat has opened its schedule."""
+    worker_args = ["worker", "--concurrency", str(args.concurrency), "--pool", "prefork"]
+    worker_args += ["--loglevel", "WARNING", "--hostname", f"bench-soak-{os.getpid()}@%h"]
+    worker = stack.enter_context(shapes.celery(worker_args, env, logs / "worker.log"))
+    beat_args = ["beat", "--loglevel", "WARNING", "--schedule", str(logs / "beat-schedule")]
+    beat = stack.enter_context(shapes.celery(beat_args, env, logs / "beat.log"))
     port = free_port()
     cmd = [sys.executable, "-m", "cli", "serve", "--port", str(port)]
     cmd += ["--workers", str(args.api_workers)]
     api = stack.enter_context(serve("fairmeter", cmd, env, port, args.api_workers, ROOT))
-    worker_args = ["worker", "--concurrency", str(args.concurrency), "--pool", "prefork"]
-    worker_args += ["--loglevel", "WARNING", "--hostname", f"bench-soak-{os.getpid()}@%h"]
-    worker = stack.enter_context(shapes.celery(worker_args, env, logs / "worker.log"))
     client = Celery("bench", broker=env["REDIS_URL"])
     try:
         shapes.wait_for_worker(client, worker, logs / "worker.log")
     finally:
         client.close()
-    beat_args = ["beat", "--loglevel", "WARNING", "--schedule", str(logs / "beat-schedule")]
-    beat = stack.enter_context(shapes.celery(beat_args, env, logs / "beat.log"))
     wait_for_beat(beat, logs)
     return Service(api, worker.pid, beat.pid, logs)
 
@@ -373,24 +375,29 @@ def soak(args: argparse.Namespace, url: str, redis_url: str, key: str, pepper: s
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def run(argv: list[str]) -> Results:
+    """The whole soak, on a database re-created for it and dropped after (unless --keep)."""
     args = parse_args(argv)
-    args.argv = sys.argv[1:] if argv is None else argv
+    args.argv = argv
     pepper = secrets.token_urlsafe(48)
     url, key = prepare_database(args.database_url, args.database, pepper)
     try:
         with ExitStack() as stack:
             redis_url = args.redis_url or stack.enter_context(shapes.private_redis())
-            results = soak(args, url, redis_url, key, pepper)
+            return soak(args, url, redis_url, key, pepper)
     finally:
         if not args.keep:
             drop_database(args.database_url, args.database)
+
+
+def main(argv: list[str]) -> int:
+    results = run(argv)
     print(table(results))
-    if not args.no_docs:
-        write_docs(args.docs, results)
-        print(f"wrote {args.docs}")
+    if not results.options["no_docs"]:
+        write_docs(results.options["docs"], results)
+        print(f"wrote {results.options['docs']}")
     return 0 if results.passed else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

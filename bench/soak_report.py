@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.rss import Figures
+from bench.rss import CHECKPOINTS, Figures
 from bench.settle import machine
 
 START = "<!-- bench/soak.py: generated from here -->"
@@ -95,6 +95,32 @@ HEADINGS = (
 )
 
 
+def trajectory_rows(r: Results) -> list[tuple[str, ...]]:
+    """RSS in MB as the events went in: a leak climbs from column to column."""
+    headings = ("process", "pid", *(f"{share:.0%} in" for share in CHECKPOINTS), "end")
+    rows: list[tuple[str, ...]] = [headings]
+    for f in r.figures:
+        sizes = [mb(kb) if kb is not None else "—" for kb in f.trajectory_kb]
+        rows.append((f.role, str(f.pid), *sizes, mb(f.end_kb)))
+    return rows
+
+
+def aligned(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
+    return ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in rows]
+
+
+def markdown_table(rows: list[tuple[str, ...]]) -> list[str]:
+    """Columns of numbers right-aligned; the first column and columns of words left."""
+    head, *body = rows
+
+    def numeric(c: int) -> bool:
+        return c > 0 and any(ch.isdigit() for row in body for ch in row[c])
+
+    align = tuple("---:" if numeric(c) else "---" for c in range(len(head)))
+    return ["| " + " | ".join(row) + " |" for row in (head, align, *body)]
+
+
 def rates(r: Results) -> list[str]:
     i, s = r.ingested, r.settled
     return [
@@ -109,10 +135,8 @@ def rates(r: Results) -> list[str]:
 
 
 def table(r: Results) -> str:
-    headings = [h.format(tol=r.tolerance) for h in HEADINGS]
-    rows = [tuple(headings), *process_rows(r)]
-    widths = [max(len(row[c]) for row in rows) for c in range(len(headings))]
-    lines = ["", *("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in rows)]
+    headings = tuple(h.format(tol=r.tolerance) for h in HEADINGS)
+    lines = ["", *aligned([headings, *process_rows(r)]), "", *aligned(trajectory_rows(r))]
     lines += ["", *rates(r), f"outcomes: {r.settled['outcomes']}", verdict(r)]
     return "\n".join(lines)
 
@@ -130,7 +154,7 @@ def verdict(r: Results) -> str:
 def markdown(r: Results) -> str:
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     o = r.options
-    headings = [h.format(tol=r.tolerance) for h in HEADINGS]
+    headings = tuple(h.format(tol=r.tolerance) for h in HEADINGS)
     out = [
         START,
         f"Measured {when} with `{r.command}`.",
@@ -149,9 +173,11 @@ def markdown(r: Results) -> str:
         f"- RSS: VmRSS from `/proc/PID/status` every {o['sample_interval']:g} s; "
         f"warm-up is the first {o['warmup']:.0%} of the events accepted.",
         "",
-        "| " + " | ".join(headings) + " |",
-        "| --- | ---: | " + " | ".join(["---:"] * (len(headings) - 3)) + " | --- |",
-        *("| " + " | ".join(row) + " |" for row in process_rows(r)),
+        *markdown_table([headings, *process_rows(r)]),
+        "",
+        "RSS in MB as the events went in (a leak climbs from column to column):",
+        "",
+        *markdown_table(trajectory_rows(r)),
         "",
         *(f"- {line}." for line in rates(r)),
         f"- Outcomes: `{r.settled['outcomes']}`.",
