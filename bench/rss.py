@@ -17,15 +17,19 @@ from pathlib import Path
 import psutil
 
 
-def rss_kb(pid: int) -> int | None:
-    """VmRSS of ``pid`` in kB, or None once it is gone (or a kernel thread without one)."""
+def memory_kb(pid: int) -> tuple[int, int] | None:
+    """(VmRSS, VmHWM) of ``pid`` in kB: its resident size now and the kernel's high-water
+    mark of it, which also sees a spike between two samples. None once it is gone."""
+    found: dict[str, int] = {}
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                found[line[:5]] = int(line.split()[1])
     except (OSError, ValueError):
         return None
-    return None
+    if len(found) < 2:
+        return None  # a kernel thread, or a process exiting
+    return found["VmRSS"], found["VmHWM"]
 
 
 def helper_role(proc: psutil.Process) -> str | None:
@@ -66,6 +70,7 @@ class Series:
     role: str
     pid: int
     samples: list[Sample] = field(default_factory=list)
+    high_water_kb: int = 0
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,7 @@ class Figures:
     alive_at_end: bool
     # RSS at the first sample at or past each share of CHECKPOINTS (None: not alive then).
     trajectory_kb: tuple[int | None, ...]
+    high_water_kb: int  # the highest VmHWM read: its peak over its whole life, start-up too
 
     @property
     def peak_growth_pct(self) -> float:
@@ -127,11 +133,14 @@ class RssSampler:
     def sample(self) -> None:
         at_s, progress = time.monotonic() - self._started, self.progress
         for pid, role in self._processes():
-            kb = rss_kb(pid)
-            if kb is None:
+            memory = memory_kb(pid)
+            if memory is None:
                 continue
             series = self.series.setdefault(pid, Series(role, pid))
-            series.samples.append(Sample(at_s, progress, kb))
+            series.samples.append(Sample(at_s, progress, memory[0]))
+            # The kernel raises its mark lazily (on unmapping, not on a glibc trim), so a
+            # later reading can be lower than an earlier sample: keep the highest seen.
+            series.high_water_kb = max(series.high_water_kb, memory[1])
         self._last_at_s = at_s
 
     def _processes(self) -> list[tuple[int, str]]:
@@ -166,6 +175,7 @@ class RssSampler:
                     started_after_warmup=samples[0].progress >= warm_progress,
                     alive_at_end=samples[-1].at_s == self._last_at_s,
                     trajectory_kb=tuple(at_progress(samples, share) for share in CHECKPOINTS),
+                    high_water_kb=series.high_water_kb,
                 )
             )
         return out

@@ -97,11 +97,12 @@ HEADINGS = (
 
 def trajectory_rows(r: Results) -> list[tuple[str, ...]]:
     """RSS in MB as the events went in: a leak climbs from column to column."""
-    headings = ("process", "pid", *(f"{share:.0%} in" for share in CHECKPOINTS), "end")
+    shares = (f"{share * 100:.0f} % in" for share in CHECKPOINTS)
+    headings = ("process", "pid", *shares, "end", "life's peak (VmHWM)")
     rows: list[tuple[str, ...]] = [headings]
     for f in r.figures:
         sizes = [mb(kb) if kb is not None else "—" for kb in f.trajectory_kb]
-        rows.append((f.role, str(f.pid), *sizes, mb(f.end_kb)))
+        rows.append((f.role, str(f.pid), *sizes, mb(f.end_kb), mb(f.high_water_kb)))
     return rows
 
 
@@ -128,8 +129,8 @@ def rates(r: Results) -> list[str]:
         f"{i['requests']:,} requests ({i['retries']} retried), "
         f"{i['accepted'] / i['seconds']:,.0f} events/s over {i['seconds']:.0f} s of ingest",
         f"{s['decided']:,} of {s['runs']:,} runs settled ({s['decisions']:,} decisions), the "
-        f"last {r.settle_lag_s:.1f} s after the last batch; {r.total_s:.0f} s in all, "
-        f"{s['decided'] / r.total_s:,.0f} runs/s settled on average",
+        f"last {r.settle_lag_s:.1f} s after the last batch was accepted "
+        f"({r.total_s:.0f} s after the first)",
         f"{r.errors_logged} ERROR lines in the worker and beat logs",
     ]
 
@@ -171,11 +172,13 @@ def markdown(r: Results) -> str:
         f"{o['batch_size']:,} events each, bench/settle.py's shapes over {o['customers']:,} "
         "customers, every run ended hours ago (due as soon as stored).",
         f"- RSS: VmRSS from `/proc/PID/status` every {o['sample_interval']:g} s; "
-        f"warm-up is the first {o['warmup']:.0%} of the events accepted.",
+        f"warm-up is the first {o['warmup'] * 100:.0f} % of the events accepted.",
         "",
         *markdown_table([headings, *process_rows(r)]),
         "",
-        "RSS in MB as the events went in (a leak climbs from column to column):",
+        "RSS in MB as the events went in (a leak climbs from column to column); the last "
+        "column is the highest VmHWM read, the kernel's mark of the process's peak since it "
+        "started (start-up included), which can also catch a spike between two samples:",
         "",
         *markdown_table(trajectory_rows(r)),
         "",

@@ -25,7 +25,7 @@ def test_soak_reports_every_process_and_settles_every_run(database_url: str) -> 
     assert roles.count("Celery pool process") == 2  # --concurrency 2
     for one in ("API supervisor (uvicorn)", "Celery worker (main)", "Celery beat"):
         assert roles.count(one) == 1, roles
-    assert all(f.warm_kb > 0 and f.peak_kb >= f.warm_kb for f in results.figures)
+    assert all(0 < f.warm_kb <= f.peak_kb <= f.high_water_kb for f in results.figures)
     assert results.ingested["accepted"] >= 2000
     assert results.settled["runs"] == results.ingested["runs"] > 0
     assert results.every_run_settled, results.settled
