@@ -3,7 +3,7 @@ SHELL := /bin/bash
 UV = $(shell command -v uv 2>/dev/null || echo "python3 -m uv")
 export UV_LINK_MODE ?= copy
 
-.PHONY: up test lint typecheck unit bench bench-growth install uv clean browser
+.PHONY: up test lint typecheck unit bench bench-growth bench-soak install uv clean browser
 
 uv:
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
@@ -49,6 +49,12 @@ bench: install
 # so it is not part of `make bench`. BENCH_GROWTH_ARGS="--events 300000" for a quick check.
 bench-growth: install
 	@$(UV) run --frozen python bench/growth.py $(BENCH_GROWTH_ARGS)
+
+# Issue #18's memory soak: the real API, worker and beat ingest and settle 1 M events while
+# the RSS of each process is sampled (minutes of both cores), so it is not part of
+# `make bench` either. BENCH_SOAK_ARGS="--events 20000" for a quick check.
+bench-soak: install
+	@$(UV) run --frozen python bench/soak.py $(BENCH_SOAK_ARGS)
 
 clean:
 	rm -rf .fairmeter .pytest_cache .mypy_cache .ruff_cache

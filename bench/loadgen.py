@@ -101,7 +101,7 @@ async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
 Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
-def _worker_of(sockname: tuple[str, int], workers: Sequence[int]) -> int | None:
+def worker_of(sockname: tuple[str, int], workers: Sequence[int]) -> int | None:
     """Which server process holds the other end of our connection (psutil, as root)."""
     import psutil
 
@@ -133,7 +133,7 @@ async def _open(target: Target, counts: dict[int, int], quota: int) -> Stream:
         if not counts:
             return stream
         await _ping(target, stream)  # answered: accepted by a worker
-        pid = _worker_of(stream[1].get_extra_info("sockname"), list(counts))
+        pid = worker_of(stream[1].get_extra_info("sockname"), list(counts))
         if pid is not None and counts[pid] < quota:
             counts[pid] += 1
             return stream
