@@ -9,6 +9,7 @@ sentence, never clamped.
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
@@ -121,6 +122,7 @@ def parse_policy(raw: object, *, defaults: PolicyDocument | None = None) -> Poli
     """
     if not isinstance(raw, dict):
         raise PolicyProblem([("(document)", "a policy is a JSON object")])
+    raw = _fraction_as_ppm(raw)
     base = (defaults or PolicyDocument()).as_json()
     merged = {**base, **raw}
     if isinstance(raw.get("rules"), dict):
@@ -131,6 +133,31 @@ def parse_policy(raw: object, *, defaults: PolicyDocument | None = None) -> Poli
         raise PolicyProblem(
             [(_path(e["loc"]), e["msg"].removeprefix("Value error, ")) for e in error.errors()]
         ) from None
+
+
+def _fraction_as_ppm(raw: dict[str, Any]) -> dict[str, Any]:
+    """``cap_fraction`` (0.1 for 10 %), as a person writes it, is ``cap_fraction_ppm``
+    (100000), as the policy stores it: exact, or refused; never rounded."""
+    if "cap_fraction" not in raw:
+        return raw
+    value = raw["cap_fraction"]
+    rest = {key: v for key, v in raw.items() if key != "cap_fraction"}
+
+    def refuse(message: str) -> PolicyProblem:
+        return PolicyProblem([("cap_fraction", message)])
+
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise refuse("must be a number from 0 to 1, e.g. 0.1 for 10 %")
+    fraction = Decimal(str(value))  # the number as written, not its binary float
+    if not fraction.is_finite() or not 0 <= fraction <= 1:
+        raise refuse("must be a number from 0 to 1, e.g. 0.1 for 10 %")
+    ppm = fraction * PPM
+    if ppm != ppm.to_integral_value():
+        raise refuse("at most 6 decimal places (the cap is kept in parts per million)")
+    if "cap_fraction_ppm" in raw and raw["cap_fraction_ppm"] != int(ppm):
+        raise refuse(f"says {int(ppm)} ppm but cap_fraction_ppm says {raw['cap_fraction_ppm']}")
+    rest["cap_fraction_ppm"] = int(ppm)
+    return rest
 
 
 def diff_policies(old: PolicyDocument, new: PolicyDocument) -> list[tuple[str, Any, Any]]:

@@ -72,7 +72,17 @@ def test_the_cli_sets_shows_and_diffs_policy_versions(engine, settings, db, tmp_
         ["version 2", "in force"],
     ]
     period = f"{AN_HOUR_AGO + timedelta(minutes=4):%Y-%m}"  # the run's end's month
-    whatif = cli("what-if", "--tenant", tenant, "--period", period, "--set", "cap_runs=1")
+    whatif = cli(
+        "what-if",
+        "--tenant",
+        tenant,
+        "--period",
+        period,
+        "--set",
+        "cap_runs=1",
+        "--set",
+        "cap_fraction=0.1",  # as issue #17 writes it: 10 % (100000 ppm)
+    )
     assert whatif.returncode == 0, whatif.stderr
     # The latest version (R4 off) under the candidate: the refunded run would be billed.
     lines = whatif.stdout.splitlines()

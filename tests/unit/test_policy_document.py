@@ -116,3 +116,38 @@ def test_a_diff_names_each_changed_field_by_its_path() -> None:
     new = parse_policy({"cap_runs": 3, "rules": {"R4": False}})
     assert diff_policies(old, new) == [("cap_runs", 20, 3), ("rules.R4", True, False)]
     assert diff_policies(new, new) == []
+
+
+@pytest.mark.parametrize(
+    ("fraction", "ppm"), [(0.1, 100_000), (0, 0), (1, 1_000_000), (0.333333, 333_333)]
+)
+def test_a_cap_written_as_a_fraction_is_stored_exactly_in_ppm(fraction: Any, ppm: int) -> None:
+    # Issue #17's own example: `fairmeter policy what-if ... --set cap_fraction=0.1`.
+    document = parse_policy({"cap_fraction": fraction})
+    assert document.cap_fraction_ppm == ppm
+    assert "cap_fraction" not in document.as_json()
+    both = parse_policy({"cap_fraction": fraction, "cap_fraction_ppm": ppm})
+    assert both == document
+
+
+def test_a_cap_fraction_over_the_defaults_replaces_their_ppm() -> None:
+    defaults = parse_policy({"cap_fraction_ppm": 400_000})
+    assert parse_policy({"cap_fraction": 0.05}, defaults=defaults).cap_fraction_ppm == 50_000
+
+
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        ({"cap_fraction": 1.5}, "from 0 to 1"),
+        ({"cap_fraction": -0.1}, "from 0 to 1"),
+        ({"cap_fraction": "10%"}, "from 0 to 1"),
+        ({"cap_fraction": True}, "from 0 to 1"),
+        ({"cap_fraction": float("nan")}, "from 0 to 1"),
+        ({"cap_fraction": 0.1234567}, "6 decimal places"),
+        ({"cap_fraction": 0.1, "cap_fraction_ppm": 200_000}, "cap_fraction_ppm says 200000"),
+    ],
+)
+def test_a_cap_fraction_that_is_not_exact_is_refused_not_rounded(raw: Any, words: str) -> None:
+    [(path, message)] = problems(raw)
+    assert path == "cap_fraction"
+    assert words in message
