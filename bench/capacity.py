@@ -27,12 +27,16 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from contextlib import closing
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
 import msgspec
 import psycopg
+import redis
 from celery import Celery
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,6 +54,7 @@ from metering.keys_repo import create_key  # noqa: E402
 from metering.notifications import Notification, record_many  # noqa: E402
 from metering.prices import insert_prices, read_catalog_file  # noqa: E402
 from metering.webhooks.endpoints import EndpointSpec, create_endpoint  # noqa: E402
+from reconciler.kicks import kick_once  # noqa: E402
 
 DATABASE = "fairmeter_bench_capacity"
 PEPPER = "bench-capacity-pepper-0123456789abcdef0123456"
@@ -67,6 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--api-workers", type=int, default=2, help="uvicorn workers")
     parser.add_argument("--concurrency", type=int, default=3, help="Celery worker processes")
     parser.add_argument("--deliveries", type=int, default=5000, help="webhooks delivered")
+    parser.add_argument("--wave", type=int, default=500, help="notifications committed at once")
     parser.add_argument("--customers", type=int, default=400)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--sweep-interval", type=float, default=0.5, help="beat, seconds")
@@ -178,12 +184,19 @@ def worker_phases(opts: argparse.Namespace, url: str, receiver: str) -> tuple[Ph
         with settle.private_redis() as redis_url:
             env = worker_env(opts, url, redis_url)
             client = Celery("bench", broker=redis_url)
+            flags = redis.Redis.from_url(redis_url)
+
+            def kick_fan_out() -> None:  # as settlement does after its commit
+                send = partial(client.send_task, webhooks.FAN_OUT)
+                kick_once(flags, webhooks.FAN_OUT, lambda expires_s: send(expires=expires_s))
+
             with (
                 settle.celery(worker_args, env, tmp / "worker.log") as worker,
                 psycopg.connect(url, autocommit=True) as conn,
+                closing(client),
+                closing(flags),
             ):
                 settle.wait_for_worker(client, worker, tmp / "worker.log")
-                client.close()
                 tiers = {
                     "worker": lambda: process_tree(worker.pid),
                     "postgres": postgres.backends(opts.database),
@@ -193,7 +206,7 @@ def worker_phases(opts: argparse.Namespace, url: str, receiver: str) -> tuple[Ph
                     settled = settlement_phase(opts, url, conn, tiers)
                     wait_fanned_out(conn, opts.timeout)
                     idle = idle_phase(tiers, opts.idle)
-                    delivered = delivery_phase(opts, url, conn, receiver, tiers)
+                    delivered = delivery_phase(opts, url, conn, receiver, tiers, kick_fan_out)
     except BaseException:
         print(f"worker and beat logs kept in {tmp}", file=sys.stderr)
         raise
@@ -244,10 +257,14 @@ def delivery_phase(
     conn: psycopg.Connection[Any],
     receiver: str,
     tiers: dict[str, Any],
+    kick_fan_out: Callable[[], None],
 ) -> Phase:
-    """``--deliveries`` run.settled notifications to one endpoint, committed at once, until
-    the receiver has every one. Settlement's own notifications were fanned out before (to
-    no endpoint), so the endpoint made now gets only these."""
+    """``--deliveries`` run.settled notifications to one endpoint, committed ``--wave`` at a
+    time, each wave once the receiver has the one before. Settlement's own notifications
+    were fanned out before (to no endpoint), so the endpoint made now gets only these.
+
+    Waves, because a claim's cost grows with the endpoint's backlog (see the Capacity model
+    in docs/scaling.md): a worker that keeps up has a small one."""
     settings = Settings(database_url=url, key_pepper=PEPPER, webhooks_allow_private=True)
     spec = EndpointSpec(url=f"{receiver}/hook", event_types=["run.settled"])
     runs = conn.execute("SELECT id, subject, customer_id FROM runs ORDER BY id").fetchall()
@@ -262,14 +279,18 @@ def delivery_phase(
     httpx.delete(f"{receiver}/stats", timeout=60)
     meter = TierCpu(tiers).start()
     started = time.monotonic()
-    with conn.transaction():
-        record_many(conn, notes)
-    seen = webhooks.wait_for(receiver, opts.deliveries, opts.timeout)
+    arrived = 0
+    for first in range(0, len(notes), opts.wave):
+        wave = notes[first : first + opts.wave]
+        with conn.transaction():
+            record_many(conn, wave)
+        kick_fan_out()
+        arrived = len(webhooks.wait_for(receiver, first + len(wave), opts.timeout)["arrivals"])
+        if arrived < first + len(wave):
+            raise RuntimeError(f"{arrived} of {first + len(wave)} webhooks arrived")
     wall_s = time.monotonic() - started
     cpu = meter.stop()
-    if len(seen["arrivals"]) != opts.deliveries:
-        raise RuntimeError(f"{len(seen['arrivals'])} of {opts.deliveries} webhooks arrived")
-    return Phase(units=len(seen["arrivals"]), wall_s=wall_s, cpu_s=cpu)
+    return Phase(units=arrived, wall_s=wall_s, cpu_s=cpu)
 
 
 # --- the whole run ----------------------------------------------------------------------
