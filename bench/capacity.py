@@ -11,7 +11,7 @@ PostgreSQL backend of the database (``bench/tiers.py``):
    ``settle_run_chunk``, on a redis-server of its own) settles every run those events made;
 3. **webhook deliveries** — the same worker fans out and delivers ``--deliveries``
    ``run.settled`` notifications to one endpoint, ``bench/webhooks.py``'s receiver (204 to
-   every POST).
+   every POST), committed ``--wave`` at a time; between 2 and 3, the worker idle.
 
 Units per CPU-second of a tier is that tier's capacity per core: on a shared machine the
 work's CPU cost hardly moves while its speed does, so wall-clock rates are printed too but

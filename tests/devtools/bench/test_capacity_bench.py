@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import ROOT
 
 ROWS = (
@@ -19,11 +21,13 @@ ROWS = (
 )
 
 
+# About a minute on an idle machine, most of it starting the API, the worker and beat.
+@pytest.mark.slow
 def test_capacity_bench_writes_the_per_core_table_inside_its_section(tmp_path: Path) -> None:
     docs = tmp_path / "scaling.md"
     docs.write_text("# Scaling\n\n## Capacity model\n\nThe model, by hand.\n\n## After\n\nKept.\n")
     argv = [sys.executable, "bench/capacity.py", "--events", "2000", "--deliveries", "50"]
-    argv += ["--api-workers", "1", "--concurrency", "1", "--idle", "1", "--timeout", "120"]
+    argv += ["--concurrency", "1", "--idle", "1", "--timeout", "120"]
     argv += ["--database", "fairmeter_test_capacity_smoke"]
     done = subprocess.run(
         [*argv, "--docs", str(docs)], cwd=ROOT, capture_output=True, text=True, timeout=240
