@@ -64,7 +64,10 @@ WARM_BATCHES = 4
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--server-url", default=SERVER, help="local PostgreSQL server")
+    parser.add_argument(
+        "--server-url", default=SERVER, help="any database on the local PostgreSQL server"
+    )
+    parser.add_argument("--redis-url", default=ingest.LOCAL_REDIS_URL, help="the API's")
     parser.add_argument("--database", default=DATABASE, help="created and dropped")
     parser.add_argument("--events", type=int, default=200_000, help="ingested, then settled")
     parser.add_argument("--batch-size", type=int, default=1000)
@@ -127,7 +130,7 @@ def ingest_phase(opts: argparse.Namespace, url: str, key: str, bodies: list[byte
     """The batches over HTTP after a few unmeasured ones (connections, prepared statements)."""
     env = {
         "DATABASE_URL": url,
-        "REDIS_URL": ingest.LOCAL_REDIS_URL,
+        "REDIS_URL": opts.redis_url,
         "FAIRMETER_KEY_PEPPER": PEPPER,
         "FAIRMETER_LOG_LEVEL": "WARNING",
     }
