@@ -4,8 +4,8 @@ A shared, noisy machine changes how fast work goes, not how much CPU it takes: C
 per unit of work (read from /proc through psutil) is what a capacity model can be built
 on. Processes come and go during a phase (PostgreSQL backends of pool overflow, prefork
 children replaced), so the tiers' processes are sampled every ``interval_s`` in a thread:
-a process seen for the first time is counted from zero when it started inside the phase,
-and one that exits loses at most the CPU of its last interval.
+a process first seen after the phase began is counted from zero, and one that exits loses
+at most the CPU of its last interval.
 """
 
 from __future__ import annotations
@@ -131,5 +131,7 @@ class TierCpu:
                 if key in known:
                     known[key].last_s = now_s
                 else:
-                    born_inside = not first and key[1] >= self.started_at
-                    known[key] = _Seen(0.0 if born_inside else now_s, now_s)
+                    # The first sample lists every process the tier had: one seen later was
+                    # born inside the phase (a process's start time is too coarse to tell,
+                    # psutil derives it from the boot time in whole seconds).
+                    known[key] = _Seen(now_s if first else 0.0, now_s)
