@@ -90,6 +90,7 @@ class TierCpu:
     started_at: float = 0.0
     elapsed_s: float = 0.0
     _stop: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
     _thread: threading.Thread | None = None
 
     def start(self) -> TierCpu:
@@ -109,10 +110,12 @@ class TierCpu:
         return self.totals()
 
     def totals(self) -> dict[str, float]:
-        return {
-            name: sum(s.last_s - s.base_s for s in procs.values())
-            for name, procs in self.seen.items()
-        }
+        """So far (any thread may ask while the phase runs), or over the phase once stopped."""
+        with self._lock:
+            return {
+                name: sum(s.last_s - s.base_s for s in procs.values())
+                for name, procs in self.seen.items()
+            }
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -128,10 +131,17 @@ class TierCpu:
                 except psutil.Error:
                     continue
                 now_s = times.user + times.system
-                if key in known:
-                    known[key].last_s = now_s
-                else:
-                    # The first sample lists every process the tier had: one seen later was
-                    # born inside the phase (a process's start time is too coarse to tell,
-                    # psutil derives it from the boot time in whole seconds).
-                    known[key] = _Seen(now_s if first else 0.0, now_s)
+                with self._lock:
+                    self._note(known, key, now_s, first=first)
+
+    @staticmethod
+    def _note(
+        known: dict[tuple[int, float], _Seen], key: tuple[int, float], now_s: float, *, first: bool
+    ) -> None:
+        if key in known:
+            known[key].last_s = now_s
+        else:
+            # The first sample lists every process the tier had: one seen later was born
+            # inside the phase (a process's start time is too coarse to tell, psutil
+            # derives it from the boot time in whole seconds).
+            known[key] = _Seen(now_s if first else 0.0, now_s)
