@@ -3,7 +3,7 @@ SHELL := /bin/bash
 UV = $(shell command -v uv 2>/dev/null || echo "python3 -m uv")
 export UV_LINK_MODE ?= copy
 
-.PHONY: up test lint typecheck unit bench bench-growth bench-soak install uv clean browser
+.PHONY: up test lint typecheck unit bench bench-growth bench-soak bench-capacity install uv clean browser
 
 uv:
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
@@ -55,6 +55,12 @@ bench-growth: install
 # `make bench` either. BENCH_SOAK_ARGS="--events 20000" for a quick check.
 bench-soak: install
 	@$(UV) run --frozen python bench/soak.py $(BENCH_SOAK_ARGS)
+
+# Issue #18's capacity model: CPU seconds per event, run and webhook of each tier (API,
+# worker, PostgreSQL), written into docs/scaling.md; a few minutes, so not in `make bench`.
+# BENCH_CAPACITY_ARGS="--events 20000 --deliveries 1000" for a quick check.
+bench-capacity: install
+	@$(UV) run --frozen python bench/capacity.py $(BENCH_CAPACITY_ARGS)
 
 clean:
 	rm -rf .fairmeter .pytest_cache .mypy_cache .ruff_cache
