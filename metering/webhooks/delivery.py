@@ -115,7 +115,9 @@ CLAIMABLE = """
 """
 # Claims per endpoint, each endpoint at most ``per_endpoint`` messages leased at once (its
 # messages claimed and not yet recorded, by any round): a backlog at one endpoint cannot fill
-# a claim and starve the others.
+# a claim and starve the others. An endpoint gives at most ``limit`` (the claim takes no
+# more), so its backlog is not read and probed whole for each claim; the picked messages are
+# updated by an id array, not joined (a join hash-scanned every message ever stored).
 CLAIM = """
 WITH busy AS (
     SELECT endpoint_id, count(*) AS held FROM webhook_messages
@@ -134,7 +136,7 @@ WITH busy AS (
               WHERE p.endpoint_id = m.endpoint_id AND p.run_id = m.run_id
                 AND p.status = 'pending' AND p.notification_id < m.notification_id))
         ORDER BY m.next_attempt_at, m.id
-        LIMIT greatest(%(per_endpoint)s - coalesce(b.held, 0), 0)
+        LIMIT least(greatest(%(per_endpoint)s - coalesce(b.held, 0), 0), %(limit)s)
     ) c
     WHERE e.enabled
     ORDER BY c.next_attempt_at, c.id
@@ -142,8 +144,8 @@ WITH busy AS (
 )
 UPDATE webhook_messages m
 SET claimed_until = %(until)s, attempts = m.attempts + 1, tries = m.tries + 1
-FROM picked, webhook_endpoints e
-WHERE m.id = picked.id AND e.id = m.endpoint_id
+FROM webhook_endpoints e
+WHERE m.id = ANY(ARRAY(SELECT id FROM picked)) AND e.id = m.endpoint_id
 RETURNING m.id, m.msg_id, m.attempts, m.tries, m.payload, e.id, e.url, e.secret_seed,
           e.previous_secret_seed, e.previous_seed_expires_at
 """
