@@ -25,9 +25,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Span, SpanKind, Tracer
 
+from metering.catalogue import EVENT_TYPES
 from metering.errors import MeteringError
 from metering.ingest.validation import TimeWindow, validate_batch
 from metering.otlp import MappedSpans, decode_otlp_json, failure_cause, map_spans
+from metering.otlp.events import FAILURE_CAUSES
 
 
 class InternalServerError(Exception):
@@ -443,3 +445,9 @@ def test_error_type_maps_onto_a_cause_the_catalogue_takes(
     error_type: str | None, cause: str
 ) -> None:
     assert failure_cause(error_type) == cause
+
+
+def test_every_cause_the_mapping_can_give_is_one_the_catalogue_takes() -> None:
+    causes = {cause for cause, _ in FAILURE_CAUSES} | {"provider", "unknown"}
+
+    assert causes <= set(EVENT_TYPES["run.failed"]["cause"].choices)
