@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
-from metering.catalogue import MAX_COUNT, MAX_STEP
+from metering.catalogue import MAX_COUNT, MAX_STEP, MAX_TEXT
+from metering.ingest.validation import UNSTORABLE_CHARACTER
 from metering.otlp.span import (
     ATTEMPT_ATTRIBUTE,
     CACHED_INPUT_TOKENS,
@@ -61,6 +62,7 @@ def usage_event(item: Located, step: int, tool_call_id: str | None) -> dict[str,
     model = next((value for name in MODEL_ATTRIBUTES if (value := span.attributes.get(name))), None)
     if not isinstance(model, str):
         raise Unmappable("no model: set gen_ai.response.model or gen_ai.request.model")
+    _check_text(model, next(name for name in MODEL_ATTRIBUTES if span.attributes.get(name)))
     input_tokens = _count(span, INPUT_TOKENS)
     cached = _count(span, CACHED_INPUT_TOKENS)
     if cached > input_tokens:
@@ -77,7 +79,7 @@ def usage_event(item: Located, step: int, tool_call_id: str | None) -> dict[str,
         "output_tokens": _count(span, OUTPUT_TOKENS),
     }
     if tool_call_id is not None:
-        data["tool_call_id"] = tool_call_id
+        data["tool_call_id"] = _check_text(tool_call_id, TOOL_CALL_ID)
     return _event(item, "run.usage", "usage", data)
 
 
@@ -86,6 +88,7 @@ def tool_call_event(item: Located, step: int) -> dict[str, Any]:
     tool_call_id = item.span.attributes.get(TOOL_CALL_ID)
     if not isinstance(tool_call_id, str) or not tool_call_id:
         raise Unmappable(f"an execute_tool span without {TOOL_CALL_ID}")
+    _check_text(tool_call_id, TOOL_CALL_ID)
     data = {
         "tool_call_id": tool_call_id,
         "step": step,
@@ -118,6 +121,18 @@ def failure_cause(error_type: object) -> str:
     return "unknown"
 
 
+def _check_text(value: str, name: str, limit: int = MAX_TEXT) -> str:
+    """A text ingest can store. Ingest refuses a whole batch for one that it cannot, so
+    the span alone is rejected here. (A lone surrogate never gets this far: protobuf and
+    json_format refuse a string that is not UTF-8.)"""
+    if not 0 < len(value) <= limit:
+        raise Unmappable(f"{name} must be 1 to {limit} characters, not {len(value)}")
+    found = UNSTORABLE_CHARACTER.search(value)
+    if found:
+        raise Unmappable(f"{name} holds U+{ord(found.group()):04X}, which cannot be stored")
+    return value
+
+
 def _count(span: Span, name: str) -> int:
     value = span.attributes.get(name, 0)
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_COUNT:
@@ -144,9 +159,9 @@ def _event(item: Located, event_type: str, kind: str, data: dict[str, Any]) -> d
     service = span.resource.get(SERVICE_NAME)
     # "unknown_service" is what the OpenTelemetry SDKs report when service.name is unset.
     service_name = service if isinstance(service, str) and service else "unknown_service"
-    source = SOURCE_PREFIX + service_name
-    if len(source) > MAX_SOURCE_CHARS:
-        raise Unmappable(f"service.name is longer than {MAX_SOURCE_CHARS - len(SOURCE_PREFIX)}")
+    source = SOURCE_PREFIX + _check_text(
+        service_name, SERVICE_NAME, MAX_SOURCE_CHARS - len(SOURCE_PREFIX)
+    )
     if span.end_ns <= 0:
         raise Unmappable("the span has no end time")
     return {

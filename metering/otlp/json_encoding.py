@@ -38,7 +38,7 @@ def decode_otlp_json(body: bytes) -> ExportTraceServiceRequest:
     """
     try:
         document = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as error:
+    except (ValueError, RecursionError) as error:  # RecursionError: nested too deep
         raise bad_request(f"the body is not JSON: {error}", code="invalid_json") from error
     if not isinstance(document, dict):
         raise bad_request("an OTLP/JSON body is a JSON object", code="invalid_otlp")
@@ -54,7 +54,7 @@ def decode_otlp_json(body: bytes) -> ExportTraceServiceRequest:
     request = ExportTraceServiceRequest()
     try:
         json_format.ParseDict(document, request, ignore_unknown_fields=True)
-    except json_format.ParseError as error:
+    except (json_format.ParseError, RecursionError) as error:
         raise bad_request(f"not an OTLP trace export: {error}", code="invalid_otlp") from error
     return request
 

@@ -451,3 +451,33 @@ def test_every_cause_the_mapping_can_give_is_one_the_catalogue_takes() -> None:
     causes = {cause for cause, _ in FAILURE_CAUSES} | {"provider", "unknown"}
 
     assert causes <= set(EVENT_TYPES["run.failed"]["cause"].choices)
+
+
+def test_otlp_json_refuses_a_body_nested_too_deep_to_decode_as_bad_input() -> None:
+    with pytest.raises(MeteringError) as refused:
+        decode_otlp_json(b"[" * 100_000 + b"]" * 100_000)
+
+    assert (refused.value.status, refused.value.code) == (400, "invalid_json")
+
+
+@pytest.mark.parametrize(
+    ("attribute", "value", "reason"),
+    [
+        ("gen_ai.response.model", "m" * 256, "gen_ai.response.model must be 1 to 255 characters"),
+        ("gen_ai.response.model", "agent\x00large", "gen_ai.response.model holds U+0000"),
+        ("gen_ai.tool.call.id", "call\x00", "gen_ai.tool.call.id holds U+0000"),
+    ],
+)
+def test_a_text_ingest_could_not_store_rejects_the_span_not_the_whole_batch(
+    attribute: str, value: str, reason: str
+) -> None:
+    """Ingest refuses a whole batch for one such event; here only its span is refused."""
+    backend = Backend(**{"enduser.id": "cust-7"})
+    with backend.agent():
+        backend.chat(input_tokens=10, output_tokens=1, **{attribute: value})
+
+    mapped = map_spans(backend.export())
+
+    assert types_of(mapped) == ["run.completed"]
+    assert reason in mapped.rejected[0].reason
+    assert_ingest_accepts(mapped)
