@@ -23,7 +23,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import Span, SpanKind, Tracer
+from opentelemetry.trace import Link, Span, SpanKind, Tracer
 
 from metering.catalogue import EVENT_TYPES
 from metering.errors import MeteringError
@@ -140,9 +140,10 @@ def otlp_json(request: ExportTraceServiceRequest) -> bytes:
     for resource_spans in document["resourceSpans"]:
         for scope_spans in resource_spans["scopeSpans"]:
             for span in scope_spans["spans"]:
-                for name in ("traceId", "spanId", "parentSpanId"):
-                    if name in span:
-                        span[name] = base64.b64decode(span[name]).hex()
+                for message in (span, *span.get("links", [])):
+                    for name in ("traceId", "spanId", "parentSpanId"):
+                        if name in message:
+                            message[name] = base64.b64decode(message[name]).hex()
     return json.dumps(document).encode()
 
 
@@ -349,10 +350,12 @@ def test_an_exporters_retry_maps_to_the_same_events_and_a_resent_span_counts_onc
 
 def test_otlp_json_and_protobuf_map_to_the_same_events() -> None:
     backend = Backend(**{"fairmeter.customer.id": "cust-7"})
-    with backend.baggage(**{"fairmeter.run.id": "run-45"}), backend.agent():
+    with backend.baggage(**{"fairmeter.run.id": "run-45"}), backend.agent() as agent:
         backend.chat(input_tokens=1200, output_tokens=300)
         with backend.tool("call_1"):
             pass
+        # a span linking to another: links carry hex ids in OTLP/JSON too
+        backend.tracer.start_span("retry", links=[Link(agent.get_span_context())]).end()
     request = backend.export()
 
     from_json = decode_otlp_json(otlp_json(request))
