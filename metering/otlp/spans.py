@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -65,6 +65,12 @@ class MappedSpans:
     rejected: tuple[RejectedSpan, ...]
 
 
+# Real agent traces nest a few levels (agent → tool → sub-agent → model call); 64 is far
+# beyond them and bounds the work a hostile request can ask for.
+MAX_ANCESTRY: Final = 64
+_SpansById = dict[tuple[str, str], Span]
+
+
 @dataclass
 class _Tally:
     non_genai: int = 0
@@ -84,12 +90,13 @@ def map_spans(request: ExportTraceServiceRequest) -> MappedSpans:
     """
     tally = _Tally()
     spans = list(_unique_spans(request, tally))
-    nested = _nested_agents(spans)
+    by_id = {(span.trace_id, span.span_id): span for span in spans}
+    nested = _nested_agents(spans, by_id)
     genai = [span for span in spans if _is_billable(span, nested, tally)]
     located = _agreeing(_located(genai, tally), tally)
     events: list[dict[str, Any]] = []
     for run_spans in _by_run(located).values():
-        events.extend(_run_events(run_spans, tally))
+        events.extend(_run_events(run_spans, by_id, tally))
     return MappedSpans(
         events=tuple(events),
         accepted_spans=len(events),
@@ -113,20 +120,27 @@ def _unique_spans(request: ExportTraceServiceRequest, tally: _Tally) -> Iterator
         yield span
 
 
-def _nested_agents(spans: list[Span]) -> set[tuple[str, str]]:
+def _ancestors(span: Span, by_id: _SpansById) -> Iterator[Span]:
+    """The span's parent, its parent's, … as far as the request holds them, at most
+    ``MAX_ANCESTRY`` up. Parent ids are the sender's word: a cycle among them ends the
+    walk, and the bound keeps a request of one long chain from costing n² steps."""
+    seen = {span.span_id}
+    parent = by_id.get((span.trace_id, span.parent_span_id))
+    while parent is not None and parent.span_id not in seen and len(seen) <= MAX_ANCESTRY:
+        seen.add(parent.span_id)
+        yield parent
+        parent = by_id.get((parent.trace_id, parent.parent_span_id))
+
+
+def _nested_agents(spans: list[Span], by_id: _SpansById) -> set[tuple[str, str]]:
     """The invoke_agent spans inside another one of the request (a sub-agent, a handoff):
     only the outermost agent's end ends the run, else one run would end twice."""
-    by_id = {(span.trace_id, span.span_id): span for span in spans}
-    nested = set()
-    for span in spans:
-        if span.operation != AGENT_OPERATION:
-            continue
-        parent = by_id.get((span.trace_id, span.parent_span_id))
-        while parent is not None and parent.operation != AGENT_OPERATION:
-            parent = by_id.get((parent.trace_id, parent.parent_span_id))
-        if parent is not None:
-            nested.add((span.trace_id, span.span_id))
-    return nested
+    return {
+        (span.trace_id, span.span_id)
+        for span in spans
+        if span.operation == AGENT_OPERATION
+        and any(parent.operation == AGENT_OPERATION for parent in _ancestors(span, by_id))
+    }
 
 
 def _is_billable(span: Span, nested: set[tuple[str, str]], tally: _Tally) -> bool:
@@ -221,7 +235,7 @@ def _by_run(located: list[Located]) -> dict[str, list[Located]]:
     return runs
 
 
-def _run_events(run_spans: list[Located], tally: _Tally) -> list[dict[str, Any]]:
+def _run_events(run_spans: list[Located], by_id: _SpansById, tally: _Tally) -> list[dict[str, Any]]:
     """One run's events, in the order they happened (span end). ``step`` counts the run's
     inference spans in start order from 1; a tool call takes the step of the inference
     that started before it (the one that asked for it).
@@ -238,7 +252,7 @@ def _run_events(run_spans: list[Located], tally: _Tally) -> list[dict[str, Any]]
             elif operation == TOOL_OPERATION:
                 event = tool_call_event(item, step)
             else:
-                event = usage_event(item, step, _tool_call_of(item.span, run_spans))
+                event = usage_event(item, step, _tool_call_of(item.span, by_id))
         except Unmappable as problem:
             tally.reject(item.span, str(problem))
             continue
@@ -246,17 +260,14 @@ def _run_events(run_spans: list[Located], tally: _Tally) -> list[dict[str, Any]]
     return [event for _, _, event in sorted(ended, key=lambda entry: entry[:2])]
 
 
-def _tool_call_of(span: Span, run_spans: list[Located]) -> str | None:
+def _tool_call_of(span: Span, by_id: _SpansById) -> str | None:
     """The tool call an inference ran inside (its own attribute, else an ancestor
     execute_tool span in the request), so re-running a completed call is credited (R1)."""
     own = span.attributes.get(TOOL_CALL_ID)
     if isinstance(own, str):
         return own
-    by_id = {item.span.span_id: item.span for item in run_spans}
-    parent = by_id.get(span.parent_span_id)
-    while parent is not None:
+    for parent in _ancestors(span, by_id):
         parent_call = parent.attributes.get(TOOL_CALL_ID)
         if parent.operation == TOOL_OPERATION and isinstance(parent_call, str):
             return parent_call
-        parent = by_id.get(parent.parent_span_id)
     return None

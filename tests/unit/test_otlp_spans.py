@@ -19,6 +19,10 @@ from google.protobuf import json_format
 from opentelemetry import baggage, context
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource as Resource_
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans
+from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -484,3 +488,45 @@ def test_a_text_ingest_could_not_store_rejects_the_span_not_the_whole_batch(
     assert types_of(mapped) == ["run.completed"]
     assert reason in mapped.rejected[0].reason
     assert_ingest_accepts(mapped)
+
+
+@pytest.mark.timeout(10)
+def test_spans_whose_parents_form_a_cycle_are_mapped_without_hanging() -> None:
+    """Parent ids are the sender's word: a request may make two spans each other's parent."""
+
+    def span(span_id: int, parent_id: int, **attributes: str | int) -> ProtoSpan:
+        return ProtoSpan(
+            trace_id=bytes(range(16)),
+            span_id=span_id.to_bytes(8, "big"),
+            parent_span_id=parent_id.to_bytes(8, "big"),
+            end_time_unix_nano=1,
+            attributes=[
+                KeyValue(
+                    key=key,
+                    value=AnyValue(int_value=value)
+                    if isinstance(value, int)
+                    else AnyValue(string_value=value),
+                )
+                for key, value in attributes.items()
+            ],
+        )
+
+    chat = {"gen_ai.request.model": "m", "gen_ai.usage.input_tokens": 1}
+    spans = [
+        span(1, 2, **{"http.route": "/a"}),
+        span(2, 1, **{"http.route": "/b"}),
+        span(3, 1, **{"gen_ai.operation.name": "invoke_agent"}),
+        span(4, 2, **{"gen_ai.operation.name": "chat", **chat}),
+    ]
+    customer = KeyValue(key="enduser.id", value=AnyValue(string_value="cust-7"))
+    request = ExportTraceServiceRequest(
+        resource_spans=[
+            ResourceSpans(
+                resource=Resource_(attributes=[customer]), scope_spans=[ScopeSpans(spans=spans)]
+            )
+        ]
+    )
+
+    mapped = map_spans(request)
+
+    assert sorted(types_of(mapped)) == ["run.completed", "run.usage"]
