@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 from google.protobuf import json_format
+from hypothesis import given
+from hypothesis import strategies as st
 from opentelemetry import baggage, context
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -530,3 +532,32 @@ def test_spans_whose_parents_form_a_cycle_are_mapped_without_hanging() -> None:
     mapped = map_spans(request)
 
     assert sorted(types_of(mapped)) == ["run.completed", "run.usage"]
+
+
+def _two_runs() -> ExportTraceServiceRequest:
+    backend = Backend(**{"enduser.id": "cust-7"})
+    for run in ("run-a", "run-b"):
+        with backend.baggage(**{"fairmeter.run.id": run}), backend.agent():
+            backend.chat(input_tokens=100, output_tokens=10)
+            with backend.tool(f"call-{run}"):
+                backend.chat(input_tokens=50, output_tokens=5)
+            backend.chat(input_tokens=70, output_tokens=7)
+    return backend.export()
+
+
+TWO_RUNS = _two_runs()
+SPAN_COUNT = len(TWO_RUNS.resource_spans[0].scope_spans[0].spans)
+
+
+@given(order=st.permutations(range(SPAN_COUNT)))
+def test_the_events_do_not_depend_on_the_order_of_spans_in_the_request(order: list[int]) -> None:
+    """Exporters and collectors batch and order spans as they please; same spans, same bill."""
+    [resource_spans] = TWO_RUNS.resource_spans
+    spans = list(resource_spans.scope_spans[0].spans)
+    shuffled = ExportTraceServiceRequest()
+    shuffled.resource_spans.add(resource=resource_spans.resource).scope_spans.add(
+        spans=[spans[i] for i in order]
+    )
+
+    assert SPAN_COUNT == 10
+    assert map_spans(shuffled).events == map_spans(TWO_RUNS).events
