@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
 from litestar import Request, Response, get, post
 from litestar.datastructures import State
 from litestar.openapi.datastructures import ResponseSpec
-from litestar.params import FromPath, FromQuery, JSONBody, Parameter
+from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
 from api.admin import as_admin, rfc3339, shared_options
 from api.downloads import wants_csv
@@ -112,8 +112,8 @@ async def list_policies(request: Request[Any, Any, Any], state: State) -> list[P
 async def diff_policies(
     request: Request[Any, Any, Any],
     state: State,
-    from_version: int | None = Parameter(query="from", default=None),
-    to_version: int | None = Parameter(query="to", default=None),
+    from_version: Annotated[int | None, QueryParameter(name="from")] = None,
+    to_version: Annotated[int | None, QueryParameter(name="to")] = None,
 ) -> PolicyDiffReply:
     def work(services: Services, principal: Principal) -> PolicyDiffReply:
         defaults = settings_policy(services.settings)

@@ -14,6 +14,7 @@ from anyio import to_thread
 from litestar import Request, Response, get
 from litestar.datastructures import State
 from litestar.openapi.datastructures import ResponseSpec
+from litestar.params import FromQuery
 
 from api.downloads import csv_download, wants_csv
 from api.openapi_docs import AUTHENTICATED, keys, problems
@@ -72,7 +73,10 @@ class ProtectionReply(msgspec.Struct):
     },
 )
 async def get_protection_report(
-    request: Request[Any, Any, Any], state: State, period: str = "current", format: str = "json"
+    request: Request[Any, Any, Any],
+    state: State,
+    period: FromQuery[str] = "current",
+    format: FromQuery[str] = "json",
 ) -> Response[Any]:
     """JSON by default; CSV for ``format=csv`` or ``Accept: text/csv``."""
     services: Services = state.services

@@ -14,7 +14,7 @@ from anyio import to_thread
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from litestar import Request, Response, get, post
 from litestar.datastructures import State
-from litestar.params import FromPath, JSONBody
+from litestar.params import FromPath, FromQuery, JSONBody
 from litestar.response import Stream
 
 from api.amounts import usd_html
@@ -65,11 +65,11 @@ async def get_statement(
     customer: FromPath[str],
     period: FromPath[str],
     state: State,
-    outcome: str | None = None,
-    ended_from: date | None = None,
-    ended_to: date | None = None,
-    cursor: str | None = None,
-    limit: int = 100,
+    outcome: FromQuery[str | None] = None,
+    ended_from: FromQuery[date | None] = None,
+    ended_to: FromQuery[date | None] = None,
+    cursor: FromQuery[str | None] = None,
+    limit: FromQuery[int] = 100,
 ) -> Response[Any]:
     """JSON by default; CSV for ``.csv`` or ``Accept: text/csv``; HTML for ``.html``.
 

@@ -10,7 +10,7 @@ import msgspec
 from anyio import to_thread
 from litestar import Request, get, post
 from litestar.datastructures import State
-from litestar.params import FromPath, JSONBody
+from litestar.params import FromPath, FromQuery, JSONBody
 
 from api.openapi_docs import AUTHENTICATED, keys, problems
 from api.runs import run_reply
@@ -78,13 +78,13 @@ def _midnight(day: date | None) -> datetime | None:
 async def search_runs(
     request: Request[Any, Any, Any],
     state: State,
-    customer: str | None = None,
-    outcome: str | None = None,
-    ended_from: date | None = None,
-    ended_to: date | None = None,
-    queue: bool = False,
-    q: str | None = None,
-    limit: int = 100,
+    customer: FromQuery[str | None] = None,
+    outcome: FromQuery[str | None] = None,
+    ended_from: FromQuery[date | None] = None,
+    ended_to: FromQuery[date | None] = None,
+    queue: FromQuery[bool] = False,
+    q: FromQuery[str | None] = None,
+    limit: FromQuery[int] = 100,
 ) -> list[timeline.RunSummary]:
     def work(services: Services, principal: Principal) -> list[timeline.RunSummary]:
         with raw_transaction(services.engine) as conn:
@@ -148,7 +148,7 @@ async def open_dispute(
     responses=problems(*AUTHENTICATED, 422),
 )
 async def list_disputes(
-    request: Request[Any, Any, Any], state: State, status: str | None = None
+    request: Request[Any, Any, Any], state: State, status: FromQuery[str | None] = None
 ) -> list[timeline.Dispute]:
     def work(services: Services, principal: Principal) -> list[timeline.Dispute]:
         with raw_transaction(services.engine) as conn:
@@ -273,7 +273,7 @@ async def release_run(
     responses=problems(*AUTHENTICATED),
 )
 async def audit_log(
-    request: Request[Any, Any, Any], state: State, limit: int = 200
+    request: Request[Any, Any, Any], state: State, limit: FromQuery[int] = 200
 ) -> list[audit.AuditEntry]:
     def work(services: Services, principal: Principal) -> list[audit.AuditEntry]:
         with raw_transaction(services.engine) as conn:

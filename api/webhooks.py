@@ -7,7 +7,7 @@ from typing import Any
 
 from litestar import Request, delete, get, patch, post
 from litestar.datastructures import State
-from litestar.params import FromPath, JSONBody
+from litestar.params import FromPath, FromQuery, JSONBody
 
 from api.admin import as_admin, rfc3339, shared_options
 from api.openapi_docs import AUTHENTICATED, keys, problems
@@ -166,9 +166,9 @@ async def list_deliveries(
     request: Request[Any, Any, Any],
     endpoint_id: FromPath[str],
     state: State,
-    status: str | None = None,
-    cursor: str | None = None,
-    limit: int = 50,
+    status: FromQuery[str | None] = None,
+    cursor: FromQuery[str | None] = None,
+    limit: FromQuery[int] = 50,
 ) -> DeliveryPageReply:
     def work(services: Services, principal: Principal) -> DeliveryPageReply:
         with raw_transaction(services.engine) as conn:
