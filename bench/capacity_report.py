@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench.docs_block import write_block
 from bench.settle import machine
 
 START = "<!-- bench/capacity.py: generated from here -->"
@@ -187,17 +188,6 @@ def markdown(r: Results) -> str:
 
 
 def write_docs(path: Path, r: Results) -> None:
-    """Replace the generated block; the first time, put it under the section's heading.
-    Everything outside the block (the hand-written model around it) is kept."""
-    text = path.read_text()
-    block = markdown(r)
-    if START in text and END in text:
-        head, _, rest = text.partition(START)
-        _, _, tail = rest.partition(END)
-        text = head + block + tail
-    elif SECTION in text:
-        head, _, tail = text.partition(SECTION)
-        text = head + SECTION + "\n\n" + block + "\n" + tail
-    else:
-        text = text.rstrip("\n") + f"\n\n{SECTION}\n\n{block}\n"
-    path.write_text(text)
+    """Replace the generated block; everything outside it (the hand-written model around
+    it) is kept."""
+    write_block(path, START, END, markdown(r), new_section=SECTION)

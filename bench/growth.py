@@ -49,6 +49,7 @@ if str(ROOT) not in sys.path:  # `python bench/growth.py` puts bench/, not the r
     sys.path.insert(0, str(ROOT))
 
 from bench.databases import SERVER, fresh_database  # noqa: E402
+from bench.docs_block import write_block  # noqa: E402
 from bench.ingest import make_batches  # noqa: E402
 from devtools.bulk import EXPLANATION  # noqa: E402
 from metering.config import Settings  # noqa: E402
@@ -547,13 +548,7 @@ def main() -> None:
     print(results.table())
     if not args.no_docs:
         doc = ROOT / "docs" / "benchmarks.md"
-        text = doc.read_text()
-        section = results.markdown()
-        if START in text and END in text:
-            text = text[: text.index(START)] + section + text[text.index(END) + len(END) :]
-        else:
-            text = text.rstrip() + "\n\n## Growth\n\n" + section + "\n"
-        doc.write_text(text)
+        write_block(doc, START, END, results.markdown(), new_section="## Growth")
 
 
 @dataclass(frozen=True)

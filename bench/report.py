@@ -14,6 +14,8 @@ from typing import Any
 
 import psycopg
 
+from bench.docs_block import write_block
+
 BATCH_VS_COPY_TARGET = 0.25
 SINGLE_VS_BARE_TARGET = 0.5
 P99_TARGET_MS = 50.0
@@ -220,10 +222,7 @@ compare ratios taken in the same run, not numbers across runs.
 
 def write_docs(path: Path, results: Results) -> None:
     """Replace the generated block of the Ingest section, keeping the prose around it."""
-    text = path.read_text() if path.exists() else HEADER + START + "\n" + END + "\n"
-    if START not in text or END not in text:
-        text = text.rstrip("\n") + "\n\n## Ingest\n\n" + START + "\n" + END + "\n"
-    head, _, rest = text.partition(START)
-    _, _, tail = rest.partition(END)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(head + markdown(results) + tail)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(HEADER)
+    write_block(path, START, END, markdown(results), new_section="## Ingest")

@@ -52,6 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python bench/settle.py` puts bench/, not the root, first
     sys.path.insert(0, str(ROOT))
 
+from bench.docs_block import write_block  # noqa: E402
 from metering.config import Settings  # noqa: E402
 from metering.db import SESSION_OPTIONS, create_db_engine  # noqa: E402
 from metering.ingest.service import IngestRequest, ingest_events  # noqa: E402
@@ -762,16 +763,7 @@ SECTION = """## Settlement
 
 def write_docs(path: Path, r: Results) -> None:
     """Replace the generated block of the Settlement section; keep everything else as is."""
-    block = markdown(r)
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if START in text and END in text:
-        head, _, rest = text.partition(START)
-        _, _, tail = rest.partition(END)
-        text = head + block + tail
-    else:
-        text = text.rstrip("\n") + "\n\n" + SECTION + block + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    write_block(path, START, END, markdown(r), new_section=SECTION)
 
 
 def effective_settings(args: argparse.Namespace) -> str:

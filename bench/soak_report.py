@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench.docs_block import write_block
 from bench.rss import CHECKPOINTS, Figures
 from bench.settle import machine
 
@@ -193,12 +194,4 @@ def markdown(r: Results) -> str:
 
 def write_docs(path: Path, r: Results) -> None:
     """Replace the generated block of the section, or append the section the first time."""
-    block = markdown(r)
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if START in text and END in text:
-        head, _, rest = text.partition(START)
-        _, _, tail = rest.partition(END)
-        text = head + block + tail
-    else:
-        text = text.rstrip("\n") + "\n\n" + SECTION + block + "\n"
-    path.write_text(text)
+    write_block(path, START, END, markdown(r), new_section=SECTION)

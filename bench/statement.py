@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.databases import fresh_database  # noqa: E402
+from bench.docs_block import write_block  # noqa: E402
 from bench.procs import free_port, wait_http  # noqa: E402
 from devtools.bulk import settled_runs  # noqa: E402
 from metering.keys import Scope  # noqa: E402
@@ -139,13 +140,7 @@ def write_report(
             END,
         ]
     )
-    doc = ROOT / "docs" / "benchmarks.md"
-    text = doc.read_text() if doc.exists() else "# Benchmarks\n"
-    if START in text and END in text:
-        text = text[: text.index(START)] + section + text[text.index(END) + len(END) :]
-    else:
-        text = text.rstrip() + "\n\n" + section + "\n"
-    doc.write_text(text)
+    write_block(ROOT / "docs" / "benchmarks.md", START, END, section)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.databases import fresh_database  # noqa: E402
+from bench.docs_block import write_block  # noqa: E402
 from metering.db import SESSION_OPTIONS  # noqa: E402
 from metering.settlement.due import Windows, claim_due_runs, park_poison_runs  # noqa: E402
 
@@ -241,12 +242,7 @@ def write_report(
         ]
     )
     doc = ROOT / "docs" / "benchmarks.md"
-    text = doc.read_text()
-    if START in text and END in text:
-        text = text[: text.index(START)] + section + text[text.index(END) + len(END) :]
-    else:
-        text = text.rstrip() + "\n\n## Settlement sweeps\n\n" + section + "\n"
-    doc.write_text(text)
+    write_block(doc, START, END, section, new_section="## Settlement sweeps")
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import settle as base  # noqa: E402
+from bench.docs_block import write_block  # noqa: E402
 from metering.config import Settings  # noqa: E402
 from metering.db import SESSION_OPTIONS, create_db_engine  # noqa: E402
 from metering.keys_repo import ensure_tenant  # noqa: E402
@@ -330,18 +331,14 @@ def render(r: dict[str, Any]) -> str:
 
 
 def write_docs(path: Path, section: str) -> None:
-    text = path.read_text()
-    block = f"{START}\n{section}\n{END}"
-    if START in text:
-        head, rest = text.split(START, 1)
-        text = head + block + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + (
-            "\n\n## What-if replay\n\n`bench/whatif.py` (issue #17): the replay of a settled "
-            "period under a candidate policy, against bare `decide()` in the same run.\n\n"
-            f"{block}\n"
-        )
-    path.write_text(text)
+    write_block(
+        path,
+        START,
+        END,
+        f"{START}\n{section}\n{END}",
+        new_section="## What-if replay\n\n`bench/whatif.py` (issue #17): the replay of a settled "
+        "period under a candidate policy, against bare `decide()` in the same run.",
+    )
 
 
 if __name__ == "__main__":
