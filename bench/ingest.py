@@ -101,17 +101,17 @@ def with_database(url: str, name: str) -> str:
     return urlunsplit(urlsplit(plain)._replace(path=f"/{name}"))
 
 
-def prepare_database(server_url: str) -> tuple[str, str]:
+def prepare_database(server_url: str, name: str = BENCH_DATABASE) -> tuple[str, str]:
     """Drop and re-create the bench database at head, with prices and an ingest key."""
-    url = with_database(server_url, BENCH_DATABASE)
+    url = with_database(server_url, name)
     with psycopg.connect(with_database(server_url, "postgres"), autocommit=True) as conn:
         conn.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
             "WHERE datname = %s AND pid <> pg_backend_pid()",
-            (BENCH_DATABASE,),
+            (name,),
         )
-        conn.execute(f'DROP DATABASE IF EXISTS "{BENCH_DATABASE}"')
-        conn.execute(f'CREATE DATABASE "{BENCH_DATABASE}"')
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"')
     upgrade(url)
     from bench.baseline_app import TABLE_DDL
 
