@@ -1,0 +1,244 @@
+"""POST /v1/traces with the real OpenTelemetry SDK and its real OTLP/HTTP exporter against
+the real server (issue #19; docs/otlp.md): traced agent runs are stored, settled and worded
+like runs sent as CloudEvents, and a retried export is never a second charge."""
+
+from __future__ import annotations
+
+import gzip
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+from opentelemetry.exporter.otlp.proto.http import Compression
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from opentelemetry.sdk.trace.export import SpanExportResult
+
+from metering.settlement.runner import settle_due_now
+from tests.helpers.otlp import Backend, InternalServerError, otlp_json
+
+CUSTOMER = {"fairmeter.customer.id": "cust-otel"}
+PROTOBUF = {"content-type": "application/x-protobuf"}
+
+
+@pytest.fixture
+def key(make_key: Any) -> str:
+    return make_key(tenant="acme", scope="ingest")
+
+
+def exporter(base: str, key: str, **options: Any) -> OTLPSpanExporter:
+    """The exporter as a backend configures it: the endpoint and the key in its headers."""
+    return OTLPSpanExporter(
+        endpoint=f"{base}/v1/traces",
+        headers={"authorization": f"Bearer {key}"},
+        timeout=10,
+        **options,
+    )
+
+
+def backend(base: str, key: str, **options: Any) -> Backend:
+    """A backend whose spans go to the server in batches; the model answering is priced."""
+    return Backend(sends_to=exporter(base, key, **options), response_model="agent-large-1")
+
+
+def traced_run(agent: Backend, run: str, *, tool_calls: tuple[str, ...] = ("call-1",)) -> None:
+    """An agent run: a model call, tool calls (each making a model call), a last model call."""
+    with agent.baggage(**{"fairmeter.run.id": run, **CUSTOMER}), agent.agent():
+        agent.chat(input_tokens=1200, output_tokens=300)
+        for call in tool_calls:
+            with agent.tool(call):
+                agent.chat(input_tokens=400, output_tokens=50)
+        agent.chat(input_tokens=1500, output_tokens=80)
+    agent.flush()
+
+
+def settled(base: str, make_key: Any, run: str, engine: Any, settings: Any) -> dict[str, Any]:
+    """Settle every due run (the grace period passed), then the run as support sees it."""
+    settle_due_now(engine, settings, now=datetime.now(UTC) + timedelta(hours=1))
+    reply = httpx.get(
+        f"{base}/v1/runs/{run}",
+        headers={"authorization": f"Bearer {make_key(scope='support')}"},
+        timeout=10,
+    )
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def counts(db: Any) -> tuple[int, int]:
+    events = db.execute("SELECT count(*) FROM events").fetchone()[0]
+    lines = db.execute("SELECT count(*) FROM usage_lines").fetchone()[0]
+    return events, lines
+
+
+def post(base: str, key: str | None, headers: dict[str, str], body: bytes) -> httpx.Response:
+    auth = {"authorization": f"Bearer {key}"} if key else {}
+    return httpx.post(f"{base}/v1/traces", headers={**headers, **auth}, content=body, timeout=10)
+
+
+def test_a_traced_agent_run_is_stored_and_settles_completed(
+    live_server, key, make_key, db, engine, settings
+):
+    traced_run(backend(live_server, key), "otel-run-1")
+
+    rows = db.execute(
+        "SELECT type, source FROM events WHERE attributes->>'subject' = 'otel-run-1' ORDER BY time"
+    ).fetchall()
+    assert [row[0] for row in rows] == [
+        "run.usage",
+        "run.usage",
+        "run.tool_call",
+        "run.usage",
+        "run.completed",
+    ]
+    assert {row[1] for row in rows} == {"otlp/support-agent"}
+    run = settled(live_server, make_key, "otel-run-1", engine, settings)
+    assert (run["outcome"], run["status"]) == ("confirmed", "Completed")
+    # agent-large-1 at 3 / 15 USD per million tokens: 3,100 input and 430 output tokens
+    assert run["billed_micros"] == 3_100 * 3 + 430 * 15
+
+
+def test_a_run_failed_by_a_provider_error_is_refunded(
+    live_server, key, make_key, db, engine, settings
+):
+    agent = backend(live_server, key)
+    with (
+        agent.baggage(**{"fairmeter.run.id": "otel-run-2", **CUSTOMER}),
+        pytest.raises(InternalServerError),
+        agent.agent(),
+    ):
+        agent.chat(input_tokens=900, output_tokens=40)
+        raise InternalServerError("503 from the provider")
+    agent.flush()
+
+    run = settled(live_server, make_key, "otel-run-2", engine, settings)
+    assert run["outcome"] == "refunded"
+    assert run["status"] == "Run failed — usage restored"
+    assert run["billed_micros"] == 0
+
+
+def test_a_tool_call_made_twice_is_credited_and_gzip_bodies_are_read(
+    live_server, key, make_key, db, engine, settings
+):
+    agent = backend(live_server, key, compression=Compression.Gzip)
+    traced_run(agent, "otel-run-3", tool_calls=("call-1", "call-1"))
+
+    run = settled(live_server, make_key, "otel-run-3", engine, settings)
+    assert run["outcome"] == "partially_credited", run
+    assert run["status"] == "Completed — duplicate work credited"
+    assert "R1" in run["rule_ids"]
+    assert run["credited_micros"] == 400 * 3 + 50 * 15  # the model call of the second call
+
+
+def test_exporting_the_same_spans_again_stores_nothing_twice(live_server, key, db):
+    agent = backend(live_server, key)
+    traced_run(agent, "otel-run-4")
+    before = counts(db)
+    assert before == (5, 3)
+
+    again = exporter(live_server, key).export(agent.finished_spans())
+
+    assert again == SpanExportResult.SUCCESS
+    assert counts(db) == before
+
+
+def test_a_json_export_maps_as_the_protobuf_one(live_server, key, db):
+    """The same spans as OTLP/JSON (hex ids), then as protobuf: the second stores nothing,
+    so both mapped to the same events with the same content (else: a 409 conflict)."""
+    agent = Backend(response_model="agent-large-1")
+    traced_run(agent, "otel-run-5")
+
+    reply = post(live_server, key, {"content-type": "application/json"}, otlp_json(agent.export()))
+
+    assert reply.status_code == 200, reply.text
+    assert reply.headers["content-type"].startswith("application/json")
+    assert reply.json() == {}  # no partial_success: every span accepted
+    assert counts(db) == (5, 3)
+    again = exporter(live_server, key).export(agent.finished_spans())
+    assert again == SpanExportResult.SUCCESS
+    assert counts(db) == (5, 3)
+
+
+def test_a_span_without_customer_is_rejected_in_partial_success_and_the_rest_stored(
+    live_server, key, db
+):
+    agent = Backend(response_model="agent-large-1")
+    with agent.baggage(**{"fairmeter.run.id": "otel-run-6", **CUSTOMER}), agent.agent():
+        agent.chat(input_tokens=100, output_tokens=10)
+    agent.chat(input_tokens=100, output_tokens=10)  # outside the run: no customer
+
+    reply = post(live_server, key, PROTOBUF, agent.export().SerializeToString())
+
+    assert reply.status_code == 200, reply.text
+    assert reply.headers["content-type"] == "application/x-protobuf"
+    answer = ExportTraceServiceResponse.FromString(reply.content)
+    assert answer.partial_success.rejected_spans == 1
+    assert "no customer" in answer.partial_success.error_message
+    assert "chat agent-large-1" in answer.partial_success.error_message
+    assert counts(db) == (2, 1)  # the run's model call and its end
+
+
+def test_an_event_ingest_refuses_rejects_its_span_only(live_server, key, db):
+    """A model without a price is ingest's refusal (422 for a CloudEvents batch); in an
+    export it refuses that span, named in partial_success (JSON here), and no other."""
+    agent = Backend(response_model="model-without-a-price")
+    with agent.baggage(**{"fairmeter.run.id": "otel-run-7", **CUSTOMER}), agent.agent():
+        agent.chat(input_tokens=100, output_tokens=10)
+
+    reply = post(live_server, key, {"content-type": "application/json"}, otlp_json(agent.export()))
+
+    assert reply.status_code == 200, reply.text
+    partial = reply.json()["partialSuccess"]
+    assert int(partial["rejectedSpans"]) == 1
+    assert "data.model" in partial["errorMessage"]
+    assert "model-without-a-price" in partial["errorMessage"]
+    assert counts(db) == (1, 0)  # the run's end
+
+
+@pytest.mark.parametrize(
+    ("headers", "body", "status", "code"),
+    [
+        ({"content-type": "text/plain"}, b"spans", 415, "unsupported_media_type"),
+        ({"content-type": "application/x-protobuf"}, b"not a protobuf", 400, "invalid_otlp"),
+        ({"content-type": "application/json"}, b"{not json", 400, "invalid_json"),
+        (
+            {"content-type": "application/x-protobuf", "content-encoding": "gzip"},
+            b"not gzip",
+            400,
+            "invalid_gzip",
+        ),
+        (
+            {"content-type": "application/x-protobuf", "content-encoding": "br"},
+            gzip.compress(b""),
+            415,
+            "unsupported_media_type",
+        ),
+    ],
+)
+def test_a_body_that_cannot_be_read_is_a_4xx_exporters_do_not_retry(
+    live_server, key, db, headers, body, status, code
+):
+    reply = post(live_server, key, headers, body)
+    assert reply.status_code == status, reply.text
+    assert reply.json()["code"] == code
+    assert counts(db) == (0, 0)
+
+
+def test_keys_are_those_of_ingest(live_server, make_key, db):
+    body = Backend().export().SerializeToString()
+    assert post(live_server, None, PROTOBUF, body).status_code == 401
+    assert post(live_server, "fm_wrong", PROTOBUF, body).status_code == 401
+    assert post(live_server, make_key(scope="support"), PROTOBUF, body).status_code == 403
+
+
+def test_a_tenants_spans_are_its_own(live_server, make_key, db, engine):
+    """The same spans sent with two tenants' keys are two tenants' events, each stored."""
+    agent = Backend(response_model="agent-large-1")
+    traced_run(agent, "otel-run-8")
+    body = agent.export().SerializeToString()
+    for tenant in ("tenant-a", "tenant-b"):
+        reply = post(live_server, make_key(tenant=tenant), PROTOBUF, body)
+        assert reply.status_code == 200, reply.text
+        assert ExportTraceServiceResponse.FromString(reply.content).ByteSize() == 0
+    rows = db.execute("SELECT tenant_id, count(*) FROM events GROUP BY 1 ORDER BY 1").fetchall()
+    assert [tuple(row) for row in rows] == [("tenant-a", 5), ("tenant-b", 5)]
