@@ -166,6 +166,7 @@ def test_a_span_without_customer_is_rejected_in_partial_success_and_the_rest_sto
     with agent.baggage(**{"fairmeter.run.id": "otel-run-6", **CUSTOMER}), agent.agent():
         agent.chat(input_tokens=100, output_tokens=10)
     agent.chat(input_tokens=100, output_tokens=10)  # outside the run: no customer
+    rejected_before = rejected_spans(live_server)
 
     reply = post(live_server, key, PROTOBUF, agent.export().SerializeToString())
 
@@ -176,6 +177,44 @@ def test_a_span_without_customer_is_rejected_in_partial_success_and_the_rest_sto
     assert "no customer" in answer.partial_success.error_message
     assert "chat agent-large-1" in answer.partial_success.error_message
     assert counts(db) == (2, 1)  # the run's model call and its end
+    assert rejected_spans(live_server) == rejected_before + 1
+
+
+def rejected_spans(base: str) -> float:
+    """fairmeter_otlp_spans_total{result="rejected",reason="unmappable"}, summed over workers."""
+    text = httpx.get(f"{base}/metrics", timeout=10).text
+    prefix = 'fairmeter_otlp_spans_total{reason="unmappable",result="rejected"}'
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix)
+    )
+
+
+def test_a_run_resent_with_other_content_is_refused_and_the_other_runs_stored(live_server, key, db):
+    """A collector that re-batches a run differently can give one of its events other
+    content: ingest refuses that as a conflict (never a second charge). In an export, only
+    that run's spans are refused; another run in the same export is stored."""
+    first = Backend(response_model="agent-large-1")
+    traced_run(first, "otel-run-9", tool_calls=())
+    assert post(live_server, key, PROTOBUF, first.export().SerializeToString()).status_code == 200
+    changed = first.export()
+    for attribute in changed.resource_spans[0].scope_spans[0].spans[0].attributes:
+        if attribute.key == "gen_ai.usage.input_tokens":
+            attribute.value.int_value += 1
+    other = Backend(response_model="agent-large-1")
+    traced_run(other, "otel-run-10", tool_calls=())
+    changed.resource_spans.extend(other.export().resource_spans)
+
+    reply = post(live_server, key, PROTOBUF, changed.SerializeToString())
+
+    assert reply.status_code == 200, reply.text
+    partial = ExportTraceServiceResponse.FromString(reply.content).partial_success
+    assert partial.rejected_spans == 3  # otel-run-9's two model calls and its end
+    assert "event_conflict" in partial.error_message
+    assert "otel-run-9" in partial.error_message
+    runs = db.execute(
+        "SELECT attributes->>'subject', count(*) FROM events GROUP BY 1 ORDER BY 1"
+    ).fetchall()
+    assert [tuple(row) for row in runs] == [("otel-run-10", 3), ("otel-run-9", 3)]
 
 
 def test_an_event_ingest_refuses_rejects_its_span_only(live_server, key, db):
@@ -242,3 +281,21 @@ def test_a_tenants_spans_are_its_own(live_server, make_key, db, engine):
         assert ExportTraceServiceResponse.FromString(reply.content).ByteSize() == 0
     rows = db.execute("SELECT tenant_id, count(*) FROM events GROUP BY 1 ORDER BY 1").fetchall()
     assert [tuple(row) for row in rows] == [("tenant-a", 5), ("tenant-b", 5)]
+
+
+def test_an_unreachable_database_is_a_503_the_exporter_retries(settings, make_key, db):
+    """Never a 500: exporters retry a 503 after Retry-After (OTLP/HTTP), and drop a 500."""
+    from litestar.testing import TestClient
+
+    from api.app import create_app
+
+    key = make_key()
+    broken = settings.model_copy(update={"database_url": "postgresql://postgres@127.0.0.1:1/x"})
+    body = Backend(response_model="agent-large-1").export().SerializeToString()
+    with TestClient(app=create_app(broken)) as client:
+        reply = client.post(
+            "/v1/traces", content=body, headers={**PROTOBUF, "authorization": f"Bearer {key}"}
+        )
+    assert reply.status_code == 503
+    assert reply.headers["retry-after"] == "5"
+    assert reply.json()["code"] == "database_unavailable"
