@@ -29,6 +29,7 @@ from api.cloudevents_http import media_type
 from api.ingest_group import store_alone
 from api.metrics import record_ingest, record_rejection, record_spans
 from api.openapi_docs import AUTHENTICATED, keys, problems
+from api.otlp_errors import JSON, OTLP_EXCEPTION_HANDLERS, PROTOBUF
 from api.ratelimit import spend_event_budget
 from api.services import Services
 from metering.errors import MeteringError, bad_request, payload_too_large, unsupported_media_type
@@ -43,8 +44,6 @@ from metering.ingest.store import IngestResult
 from metering.keys import Scope
 from metering.otlp import decode_otlp_json, map_spans
 
-PROTOBUF: Final = "application/x-protobuf"
-JSON: Final = "application/json"
 # A gzip body may inflate to this many times the request body limit, and no further: a few
 # kilobytes of zeros must not become gigabytes in memory. Spans compress about tenfold.
 MAX_INFLATION: Final = 16
@@ -57,6 +56,7 @@ MAX_INFLATION: Final = 16
     tags=["ingest"],
     security=keys(Scope.INGEST),
     responses=problems(*AUTHENTICATED, 413, 415, 422),
+    exception_handlers=OTLP_EXCEPTION_HANDLERS,
 )
 async def post_traces(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
     """Durable before the reply: the accepted spans' events are committed when this returns."""
