@@ -248,6 +248,18 @@ def test_an_event_ingest_refuses_rejects_its_span_only(live_server, key, db):
             "invalid_gzip",
         ),
         (
+            {"content-type": "application/x-protobuf"},
+            b"\0" * (1024 * 1024 + 1),  # over the body limit (1 MiB)
+            413,
+            "payload_too_large",
+        ),
+        (
+            {"content-type": "application/x-protobuf", "content-encoding": "gzip"},
+            gzip.compress(b"\0" * (16 * 1024 * 1024 + 1)),  # inflates past 16 × the limit
+            413,
+            "payload_too_large",
+        ),
+        (
             {"content-type": "application/x-protobuf", "content-encoding": "br"},
             gzip.compress(b""),
             415,
