@@ -28,7 +28,7 @@ from api.auth import bearer_key
 from api.cloudevents_http import media_type
 from api.ingest_group import store_alone
 from api.metrics import record_ingest, record_rejection, record_spans
-from api.openapi_docs import AUTHENTICATED, keys, problems
+from api.openapi_docs import TracesOperation, keys
 from api.otlp_errors import JSON, OTLP_EXCEPTION_HANDLERS, PROTOBUF
 from api.ratelimit import spend_event_budget
 from api.services import Services
@@ -55,8 +55,8 @@ MAX_INFLATION: Final = 16
     summary="Ingest OpenTelemetry GenAI spans (OTLP/HTTP, protobuf or JSON)",
     tags=["ingest"],
     security=keys(Scope.INGEST),
-    responses=problems(*AUTHENTICATED, 413, 415, 422),
     exception_handlers=OTLP_EXCEPTION_HANDLERS,
+    operation_class=TracesOperation,
 )
 async def post_traces(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
     """Durable before the reply: the accepted spans' events are committed when this returns."""

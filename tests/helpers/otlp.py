@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -137,4 +138,34 @@ def otlp_json(request: ExportTraceServiceRequest) -> bytes:
                     for name in ("traceId", "spanId", "parentSpanId"):
                         if name in message:
                             message[name] = base64.b64decode(message[name]).hex()
+    return json.dumps(document).encode()
+
+
+def one_chat_json(run: str, customer: str, model: str = "agent-small-1") -> bytes:
+    """An OTLP/JSON export of one model call of ``run`` for ``customer``, ended a second ago:
+    a valid body for ``POST /v1/traces`` where a test needs one without an SDK."""
+    end_ns = time.time_ns() - 1_000_000_000
+    attributes = {
+        "gen_ai.operation.name": {"stringValue": "chat"},
+        "gen_ai.request.model": {"stringValue": model},
+        "gen_ai.usage.input_tokens": {"intValue": "100"},
+        "gen_ai.usage.output_tokens": {"intValue": "10"},
+        "fairmeter.run.id": {"stringValue": run},
+        "fairmeter.customer.id": {"stringValue": customer},
+    }
+    span = {
+        "traceId": "5b8efff798038103d269b633813fc60c",
+        "spanId": "eee19b7ec3c1b174",
+        "name": f"chat {model}",
+        "kind": 3,
+        "startTimeUnixNano": str(end_ns - 500_000_000),
+        "endTimeUnixNano": str(end_ns),
+        "attributes": [{"key": key, "value": value} for key, value in attributes.items()],
+    }
+    service = {"key": "service.name", "value": {"stringValue": "probe"}}
+    document = {
+        "resourceSpans": [
+            {"resource": {"attributes": [service]}, "scopeSpans": [{"spans": [span]}]}
+        ]
+    }
     return json.dumps(document).encode()
