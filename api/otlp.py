@@ -67,10 +67,9 @@ async def post_traces(request: Request[Any, Any, Any], state: State) -> Response
     events = len(prepared.request.events)
     await spend_event_budget(services.limiter, bearer_key(request), events)
     refused_at_store = await _store(prepared.request, services) if events else []
-    reasons.extend(prepared.refused)
-    reasons.extend(refused_at_store)
+    record_spans("accepted", "", events - len(refused_at_store))  # stored, or stored before
     record_spans("rejected", "refused_by_ingest", len(prepared.refused) + len(refused_at_store))
-    return _reply(encoding, reasons)
+    return _reply(encoding, [*reasons, *prepared.refused, *refused_at_store])
 
 
 def _prepare(
@@ -85,7 +84,6 @@ def _prepare(
         record_rejection(1, exc.code)
         raise
     mapped = map_spans(export)
-    record_spans("accepted", "", mapped.accepted_spans)
     record_spans("ignored", "non_genai", mapped.ignored_non_genai_spans)
     record_spans("ignored", "without_usage", mapped.ignored_without_usage_spans)
     record_spans("ignored", "nested_agent", mapped.ignored_nested_agent_spans)
