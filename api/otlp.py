@@ -26,7 +26,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from api.auth import bearer_key
 from api.cloudevents_http import media_type
-from api.ingest_group import store_alone
+from api.ingest import store_request
 from api.metrics import record_ingest, record_rejection, record_spans
 from api.openapi_docs import TracesOperation, keys
 from api.otlp_errors import JSON, OTLP_EXCEPTION_HANDLERS, PROTOBUF
@@ -40,7 +40,6 @@ from metering.ingest.spans import (
     partial_success_message,
     prepare_spans,
 )
-from metering.ingest.store import IngestResult
 from metering.keys import Scope
 from metering.otlp import decode_otlp_json, map_spans
 
@@ -128,33 +127,29 @@ def _decode(body: bytes, encoding: str) -> ExportTraceServiceRequest:
 
 
 async def _store(prepared: PreparedRequest, services: Services) -> list[str]:
-    """Store the events; reasons for the spans of the runs the store refused.
+    """Store the events as ``POST /v1/events`` stores a request (group commit included);
+    reasons for the spans of the runs the store refused.
 
-    The export is stored in one transaction; when the store refuses it as a whole (an event
-    id already stored with other content: a conflict; a run owned by another customer), each
-    run is stored on its own so that only the runs at fault are refused. An unavailable
-    database raises (503).
+    When the store refuses the export as a whole (an event id already stored with other
+    content: a conflict; a run owned by another customer), each run is stored on its own so
+    that only the runs at fault are refused. An unavailable database raises (503).
     """
-    outcome = await to_thread.run_sync(store_alone, services.engine, prepared)
-    if not isinstance(outcome, MeteringError):
-        return _stored(outcome)
+    try:
+        result = await store_request(prepared, services)
+        record_ingest(result.accepted, result.duplicates)
+        return []
+    except MeteringError:
+        pass
     reasons: list[str] = []
     for run in by_run(prepared):
-        run_outcome = await to_thread.run_sync(store_alone, services.engine, run)
-        if isinstance(run_outcome, MeteringError):
-            record_rejection(len(run.events), run_outcome.code)
+        try:
+            result = await store_request(run, services)
+            record_ingest(result.accepted, result.duplicates)
+        except MeteringError as refusal:
+            record_rejection(len(run.events), refusal.code)
             subject = run.events[0].subject
-            reasons.extend(f"event {e.id} of run {subject}: {run_outcome}" for e in run.events)
-        else:
-            _stored(run_outcome)
+            reasons.extend(f"event {e.id} of run {subject}: {refusal}" for e in run.events)
     return reasons
-
-
-def _stored(outcome: IngestResult | Exception) -> list[str]:
-    if isinstance(outcome, Exception):
-        raise outcome  # the database: the exception handlers make it a 503 with Retry-After
-    record_ingest(outcome.accepted, outcome.duplicates)
-    return []
 
 
 def _reply(encoding: str, reasons: list[str]) -> Response[bytes]:
