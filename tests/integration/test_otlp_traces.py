@@ -326,3 +326,39 @@ def test_an_unreachable_database_is_a_503_the_exporter_retries(settings, make_ke
     assert reply.status_code == 503
     assert reply.headers["retry-after"] == "5"
     assert Status.FromString(reply.content).message.startswith("database_unavailable: ")
+
+
+def test_a_database_lost_after_the_key_was_checked_is_a_503_and_nothing_half_stored(
+    settings, make_key, db
+):
+    """The store's own failure, not the key lookup's: the key and prices are cached, then the
+    API's engine and group committer point at a database that does not answer."""
+    from litestar.testing import TestClient
+
+    from api.app import create_app
+    from api.ingest_group import GroupCommitter
+    from metering.db import create_db_engine
+
+    key = make_key()
+    headers = {**PROTOBUF, "authorization": f"Bearer {key}"}
+    first, second = (Backend(response_model="agent-large-1") for _ in range(2))
+    traced_run(first, "otel-run-11")
+    traced_run(second, "otel-run-12")
+    broken = settings.model_copy(update={"database_url": "postgresql://postgres@127.0.0.1:1/x"})
+    with TestClient(app=create_app(settings)) as client:
+        stored = client.post(
+            "/v1/traces", content=first.export().SerializeToString(), headers=headers
+        )
+        assert stored.status_code == 200, stored.text
+        services = client.app.state.services
+        services.engine = create_db_engine(broken)
+        services.ingest_group = GroupCommitter(services.engine, max_events=1000, max_flushes=1)
+
+        reply = client.post(
+            "/v1/traces", content=second.export().SerializeToString(), headers=headers
+        )
+
+    assert reply.status_code == 503, reply.text
+    assert reply.headers["retry-after"] == "5"
+    assert Status.FromString(reply.content).message.startswith("database_unavailable: ")
+    assert counts(db) == (5, 3)  # the first export's run, nothing of the second
