@@ -14,6 +14,7 @@ from api.logs import configure_logging
 from api.metrics import latency_middleware
 from api.openapi_docs import COMPONENTS, StrictStructSchemaPlugin
 from api.ops import healthz, metrics, readyz
+from api.otlp import post_traces
 from api.paths import FairmeterApp, decode_path_params
 from api.policies import POLICY_HANDLERS
 from api.problems import EXCEPTION_HANDLERS
@@ -60,6 +61,7 @@ def create_app(
     return FairmeterApp(
         route_handlers=[
             post_events,
+            post_traces,
             get_run,
             settle_run_now,
             get_statement,

@@ -52,11 +52,7 @@ async def post_events(request: Request[Any, Any, Any], state: State) -> IngestRe
         prepared = await to_thread.run_sync(_prepare, request, body, services)
     await spend_event_budget(services.limiter, bearer_key(request), len(prepared.events))
     try:
-        committer = _committer_for(prepared, services)
-        if committer is not None:
-            result = await committer.store(prepared)
-        else:
-            result = await to_thread.run_sync(_store, prepared, services)
+        result = await store_request(prepared, services)
     except MeteringError as exc:
         record_rejection(1, exc.code)
         raise
@@ -66,6 +62,15 @@ async def post_events(request: Request[Any, Any, Any], state: State) -> IngestRe
         duplicates=result.duplicates,
         events=[EventResult(o.source, o.id, o.result) for o in result.events],
     )
+
+
+async def store_request(prepared: PreparedRequest, services: Services) -> IngestResult:
+    """Store a prepared request, committed when this returns; raises its refusal (a
+    ``MeteringError``) or the database's error. Shared by every ingest endpoint."""
+    committer = _committer_for(prepared, services)
+    if committer is not None:
+        return await committer.store(prepared)
+    return await to_thread.run_sync(_store, prepared, services)
 
 
 def _committer_for(prepared: PreparedRequest, services: Services) -> GroupCommitter | None:

@@ -28,6 +28,13 @@ REQUEST_LATENCY = Histogram(
     ["method", "route", "status"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
+# Spans of POST /v1/traces by what became of them (docs/otlp.md): a backend whose spans are
+# ignored or rejected is metered short, and this is where an operator sees it.
+OTLP_SPANS = Counter(
+    "fairmeter_otlp_spans_total",
+    "Spans received on POST /v1/traces by result (accepted, duplicate, ignored, rejected)",
+    ["result", "reason"],
+)
 KEY_LOOKUPS = Counter(
     "fairmeter_key_lookups_total",
     "API key lookups that read the database (cache misses), by whether the key id exists",
@@ -64,6 +71,11 @@ def record_ingest(accepted: int, duplicates: int) -> None:
 
 def record_rejection(count: int, code: str) -> None:
     EVENTS.labels("rejected", code).inc(count)
+
+
+def record_spans(result: str, reason: str, count: int) -> None:
+    if count:
+        OTLP_SPANS.labels(result, reason).inc(count)
 
 
 def render_metrics(

@@ -18,7 +18,9 @@ from litestar._openapi.schema_generation.plugins.struct import StructSchemaPlugi
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.spec import (
     Components,
+    OpenAPIFormat,
     OpenAPIMediaType,
+    OpenAPIResponse,
     OpenAPIType,
     Operation,
     Parameter,
@@ -161,6 +163,73 @@ class IngestOperation(Operation):
                 ),
             },
         )
+
+
+def _otlp(description: str, json_schema: Schema) -> dict[str, OpenAPIMediaType]:
+    """An OTLP message in its two encodings (binary protobuf, or protobuf's JSON mapping)."""
+    return {
+        "application/x-protobuf": OpenAPIMediaType(
+            schema=Schema(
+                type=OpenAPIType.STRING,
+                format=OpenAPIFormat.BINARY,
+                description=f"{description}, protobuf-encoded",
+            )
+        ),
+        "application/json": OpenAPIMediaType(schema=json_schema),
+    }
+
+
+_OTLP_STATUS = _otlp(
+    "A google.rpc.Status: message is '<code>: <detail>'",
+    Schema(type=OpenAPIType.OBJECT, properties={"message": Schema(type=OpenAPIType.STRING)}),
+)
+
+
+@dataclass
+class TracesOperation(Operation):
+    """POST /v1/traces speaks OTLP/HTTP: protobuf or JSON in, the same encoding out, errors as
+    google.rpc.Status (api/otlp_errors.py) rather than problem documents: document that."""
+
+    def __post_init__(self) -> None:
+        self.request_body = RequestBody(
+            required=True,
+            description=(
+                "An OTLP ExportTraceServiceRequest (OTLP/HTTP; OTLP/JSON with hex trace and "
+                "span ids); Content-Encoding gzip accepted. See docs/otlp.md."
+            ),
+            content=_otlp(
+                "An ExportTraceServiceRequest",
+                # Only "an object": protobuf's JSON mapping reads null as a field's default
+                # and ignores unknown fields, as OTLP/JSON receivers must.
+                Schema(type=OpenAPIType.OBJECT, description="OTLP/JSON: {resourceSpans: [...]}"),
+            ),
+        )
+        partial = Schema(
+            type=OpenAPIType.OBJECT,
+            properties={
+                "rejectedSpans": Schema(one_of=[_text(), Schema(type=OpenAPIType.INTEGER)]),
+                "errorMessage": Schema(type=OpenAPIType.STRING),
+            },
+        )
+        responses: dict[str, Any] = {
+            "200": OpenAPIResponse(
+                description=(
+                    "Stored. partial_success (absent when every span was accepted) counts the "
+                    "rejected spans and names the first reasons."
+                ),
+                content=_otlp(
+                    "An ExportTraceServiceResponse",
+                    Schema(type=OpenAPIType.OBJECT, properties={"partialSuccess": partial}),
+                ),
+            )
+        }
+        for status, description in _DESCRIPTIONS.items():
+            if status in (400, 401, 403, 413, 415, 422, 429, 503):
+                content = dict(_OTLP_STATUS)
+                if status == 429:  # the per-request limit answers before the endpoint
+                    content[PROBLEM_JSON] = OpenAPIMediaType(schema=Schema(type=OpenAPIType.OBJECT))
+                responses[str(status)] = OpenAPIResponse(description=description, content=content)
+        self.responses = responses
 
 
 @dataclass

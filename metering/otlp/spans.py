@@ -51,6 +51,10 @@ class RejectedSpan:
     name: str
     reason: str
 
+    def describe(self) -> str:
+        """The reason naming the span, as an exporter's log shows it."""
+        return f"span {self.name!r} ({self.trace_id}/{self.span_id}): {self.reason}"
+
 
 @dataclass(frozen=True, slots=True)
 class MappedSpans:

@@ -27,6 +27,7 @@ from litestar.testing import TestClient
 
 from metering.keys import Scope
 from tests.helpers.events import auth, usage
+from tests.helpers.otlp import one_chat_json
 from tests.security.harness import TenantData, seed_tenant
 
 pytestmark = pytest.mark.timeout(120)
@@ -127,6 +128,7 @@ def bodies(data: TenantData) -> dict[str, tuple[str, bytes]]:
         "PolicyCreate": as_json({"document": {}, "note": "probe"}),
         "WhatIfRequest": as_json({"period": "current", "document": {"rules": {"R4": False}}}),
         "POST /v1/events": ("application/cloudevents+json", json.dumps(event).encode()),
+        "POST /v1/traces": ("application/json", one_chat_json(data.runs[0], data.customer)),
     }
 
 

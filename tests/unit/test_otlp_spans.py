@@ -7,123 +7,25 @@ the messages a backend actually sends. Every mapped event must pass ingest's val
 
 from __future__ import annotations
 
-import base64
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import pytest
-from google.protobuf import json_format
 from hypothesis import given
 from hypothesis import strategies as st
-from opentelemetry import baggage, context
-from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource as Resource_
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import Link, Span, SpanKind, Tracer
+from opentelemetry.trace import Link, SpanKind
 
 from metering.catalogue import EVENT_TYPES
 from metering.errors import MeteringError
 from metering.ingest.validation import TimeWindow, validate_batch
 from metering.otlp import MappedSpans, decode_otlp_json, failure_cause, map_spans
 from metering.otlp.events import FAILURE_CAUSES
-
-
-class InternalServerError(Exception):
-    """Named like the provider SDKs' 5xx error (openai, anthropic)."""
-
-
-class BaggageToAttributes(SpanProcessor):
-    """What opentelemetry-processor-baggage's BaggageSpanProcessor does: every span started
-    in a context carries its baggage as attributes. This is how a backend puts its run and
-    customer on every span, including the framework's own (docs/otlp.md)."""
-
-    def on_start(self, span: Any, parent_context: context.Context | None = None) -> None:
-        for key, value in baggage.get_all(parent_context).items():
-            span.set_attribute(key, str(value))
-
-
-class Backend:
-    """An agent backend traced with the real SDK; ``export()`` is what its exporter sends."""
-
-    def __init__(self, **resource: Any) -> None:
-        self.exporter = InMemorySpanExporter()
-        provider = TracerProvider(
-            resource=Resource.create({"service.name": "support-agent", **resource})
-        )
-        provider.add_span_processor(BaggageToAttributes())
-        provider.add_span_processor(SimpleSpanProcessor(self.exporter))
-        self.tracer: Tracer = provider.get_tracer("agent-framework", "1.0.0")
-
-    @contextmanager
-    def baggage(self, **entries: str) -> Iterator[None]:
-        """Entries (a run id, a customer) that every span started inside carries."""
-        ctx = context.get_current()
-        for key, value in entries.items():
-            ctx = baggage.set_baggage(key, value, ctx)
-        token = context.attach(ctx)
-        try:
-            yield
-        finally:
-            context.detach(token)
-
-    @contextmanager
-    def agent(self, **attributes: Any) -> Iterator[Span]:
-        with self._operation("invoke_agent", "invoke_agent support-bot", attributes) as span:
-            yield span
-
-    @contextmanager
-    def tool(self, call_id: str, **attributes: Any) -> Iterator[Span]:
-        attributes = {
-            "gen_ai.tool.name": "lookup_order",
-            "gen_ai.tool.call.id": call_id,
-            **attributes,
-        }
-        with self._operation("execute_tool", "execute_tool lookup_order", attributes) as span:
-            yield span
-
-    def chat(self, *, input_tokens: int | None, output_tokens: int | None, **usage: Any) -> None:
-        """One model call; the instrumentation records usage when the response arrives."""
-        attributes = {"gen_ai.request.model": "agent-large-1", "gen_ai.provider.name": "openai"}
-        with self._operation("chat", "chat agent-large-1", attributes, SpanKind.CLIENT) as span:
-            span.set_attribute("gen_ai.response.model", "agent-large-1-2026-06")
-            for name, value in (
-                ("gen_ai.usage.input_tokens", input_tokens),
-                ("gen_ai.usage.output_tokens", output_tokens),
-                *usage.items(),
-            ):
-                if value is not None:
-                    span.set_attribute(name, value)
-
-    @contextmanager
-    def _operation(
-        self,
-        operation: str,
-        name: str,
-        attributes: dict[str, Any],
-        kind: SpanKind = SpanKind.INTERNAL,
-    ) -> Iterator[Span]:
-        """As GenAI instrumentations do: error.type is the exception's class on failure
-        (the SDK itself sets the span's status to ERROR and records the exception)."""
-        attributes = {"gen_ai.operation.name": operation, **attributes}
-        with self.tracer.start_as_current_span(name, kind=kind, attributes=attributes) as span:
-            try:
-                yield span
-            except Exception as error:
-                span.set_attribute("error.type", type(error).__qualname__)
-                raise
-
-    def export(self) -> ExportTraceServiceRequest:
-        return encode_spans(self.exporter.get_finished_spans())
+from tests.helpers.otlp import Backend, InternalServerError, otlp_json
 
 
 def assert_ingest_accepts(mapped: MappedSpans) -> None:
@@ -137,20 +39,6 @@ def assert_ingest_accepts(mapped: MappedSpans) -> None:
 
 def types_of(mapped: MappedSpans) -> list[str]:
     return [event["type"] for event in mapped.events]
-
-
-def otlp_json(request: ExportTraceServiceRequest) -> bytes:
-    """The OTLP/JSON form of ``request``: protobuf's JSON mapping, but with trace and span
-    ids in hex, as the OTLP specification's "JSON Protobuf Encoding" requires."""
-    document = json_format.MessageToDict(request)
-    for resource_spans in document["resourceSpans"]:
-        for scope_spans in resource_spans["scopeSpans"]:
-            for span in scope_spans["spans"]:
-                for message in (span, *span.get("links", [])):
-                    for name in ("traceId", "spanId", "parentSpanId"):
-                        if name in message:
-                            message[name] = base64.b64decode(message[name]).hex()
-    return json.dumps(document).encode()
 
 
 def test_completed_run_maps_to_usage_per_chat_a_tool_call_and_completed() -> None:

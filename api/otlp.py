@@ -1,0 +1,166 @@
+"""POST /v1/traces — OTLP/HTTP trace export: GenAI spans metered (issue #19, docs/otlp.md).
+
+The wire is the OTLP/HTTP specification's (opentelemetry.io/docs/specs/otlp/, "OTLP/HTTP"):
+binary protobuf or JSON, optionally gzip-compressed; the reply is an
+``ExportTraceServiceResponse`` in the request's encoding, whose ``partial_success`` counts
+the spans refused and says why. Status codes are chosen for what exporters do with them:
+4xx is never retried (a body that cannot be decoded will not decode the next time), 429
+and 503 are retried after ``Retry-After`` — so a database outage is a 503, never a 500.
+"""
+
+from __future__ import annotations
+
+import zlib
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from anyio import to_thread
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+from litestar import Request, Response, post
+from litestar.datastructures import State
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+from api.auth import bearer_key
+from api.cloudevents_http import media_type
+from api.ingest import store_request
+from api.metrics import record_ingest, record_rejection, record_spans
+from api.openapi_docs import TracesOperation, keys
+from api.otlp_errors import JSON, OTLP_EXCEPTION_HANDLERS, PROTOBUF
+from api.ratelimit import spend_event_budget
+from api.services import Services
+from metering.errors import MeteringError, bad_request, payload_too_large, unsupported_media_type
+from metering.ingest.service import PreparedRequest
+from metering.ingest.spans import (
+    PreparedSpans,
+    by_run,
+    partial_success_message,
+    prepare_spans,
+)
+from metering.keys import Scope
+from metering.otlp import decode_otlp_json, map_spans
+
+# A gzip body may inflate to this many times the request body limit, and no further: a few
+# kilobytes of zeros must not become gigabytes in memory. Spans compress about tenfold.
+MAX_INFLATION: Final = 16
+
+
+@post(
+    "/v1/traces",
+    status_code=200,
+    summary="Ingest OpenTelemetry GenAI spans (OTLP/HTTP, protobuf or JSON)",
+    tags=["ingest"],
+    security=keys(Scope.INGEST),
+    exception_handlers=OTLP_EXCEPTION_HANDLERS,
+    operation_class=TracesOperation,
+)
+async def post_traces(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
+    """Durable before the reply: the accepted spans' events are committed when this returns."""
+    services: Services = state.services
+    encoding = media_type(request.headers.get("content-type", ""))
+    body = await request.body()
+    prepared, reasons = await to_thread.run_sync(_prepare, request, body, encoding, services)
+    events = len(prepared.request.events)
+    await spend_event_budget(services.limiter, bearer_key(request), events)
+    refused_at_store = await _store(prepared.request, services) if events else []
+    record_spans("accepted", "", events - len(refused_at_store))  # stored, or stored before
+    record_spans("rejected", "refused_by_ingest", len(prepared.refused) + len(refused_at_store))
+    return _reply(encoding, [*reasons, *prepared.refused, *refused_at_store])
+
+
+def _prepare(
+    request: Request[Any, Any, Any], body: bytes, encoding: str, services: Services
+) -> tuple[PreparedSpans, list[str]]:
+    principal = services.authenticate(request, Scope.INGEST)  # first: 401 before 415
+    try:
+        if encoding not in (PROTOBUF, JSON):
+            raise unsupported_media_type(f"send OTLP/HTTP as {PROTOBUF} or {JSON}")
+        export = _decode(_inflated(request, body, services.settings.max_body_bytes), encoding)
+    except MeteringError as exc:
+        record_rejection(1, exc.code)
+        raise
+    mapped = map_spans(export)
+    record_spans("ignored", "non_genai", mapped.ignored_non_genai_spans)
+    record_spans("ignored", "without_usage", mapped.ignored_without_usage_spans)
+    record_spans("ignored", "nested_agent", mapped.ignored_nested_agent_spans)
+    record_spans("duplicate", "in_request", mapped.duplicate_spans)
+    record_spans("rejected", "unmappable", len(mapped.rejected))
+    prepared = prepare_spans(
+        mapped.events, principal.tenant_id, datetime.now(UTC), services.settings, services.catalogs
+    )
+    return prepared, [rejected.describe() for rejected in mapped.rejected]
+
+
+def _inflated(request: Request[Any, Any, Any], body: bytes, max_body_bytes: int) -> bytes:
+    coding = request.headers.get("content-encoding", "identity").strip().lower()
+    if coding in ("", "identity"):
+        return body
+    if coding != "gzip":
+        raise unsupported_media_type(f"Content-Encoding {coding!r}: send gzip or none")
+    limit = max_body_bytes * MAX_INFLATION
+    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # gzip framing
+    try:
+        inflated = inflater.decompress(body, limit)
+    except zlib.error as error:
+        raise bad_request(f"the body is not gzip: {error}", code="invalid_gzip") from error
+    if inflater.unconsumed_tail:
+        raise payload_too_large(f"a gzip body inflates to at most {limit} bytes")
+    if not inflater.eof:
+        raise bad_request("the gzip body is truncated", code="invalid_gzip")
+    return inflated
+
+
+def _decode(body: bytes, encoding: str) -> ExportTraceServiceRequest:
+    if encoding == JSON:
+        return decode_otlp_json(body)
+    export = ExportTraceServiceRequest()
+    try:
+        export.ParseFromString(body)
+    except (DecodeError, RecursionError) as error:
+        raise bad_request(
+            f"not an OTLP protobuf trace export: {error}", code="invalid_otlp"
+        ) from None
+    return export
+
+
+async def _store(prepared: PreparedRequest, services: Services) -> list[str]:
+    """Store the events as ``POST /v1/events`` stores a request (group commit included);
+    reasons for the spans of the runs the store refused.
+
+    When the store refuses the export as a whole (an event id already stored with other
+    content: a conflict; a run owned by another customer), each run is stored on its own so
+    that only the runs at fault are refused. An unavailable database raises (503).
+    """
+    try:
+        result = await store_request(prepared, services)
+        record_ingest(result.accepted, result.duplicates)
+        return []
+    except MeteringError:
+        pass
+    reasons: list[str] = []
+    for run in by_run(prepared):
+        try:
+            result = await store_request(run, services)
+            record_ingest(result.accepted, result.duplicates)
+        except MeteringError as refusal:
+            record_rejection(len(run.events), refusal.code)
+            subject = run.events[0].subject
+            reasons.extend(f"event {e.id} of run {subject}: {refusal}" for e in run.events)
+    return reasons
+
+
+def _reply(encoding: str, reasons: list[str]) -> Response[bytes]:
+    """The ``ExportTraceServiceResponse``: ``partial_success`` only when spans were rejected
+    (the specification: a receiver that accepted everything leaves it unset)."""
+    reply = ExportTraceServiceResponse()
+    if reasons:
+        reply.partial_success.rejected_spans = len(reasons)
+        reply.partial_success.error_message = partial_success_message(reasons)
+    if encoding == JSON:
+        content = json_format.MessageToJson(reply, indent=None).encode()
+    else:
+        content = reply.SerializeToString()
+    return Response(content, status_code=200, media_type=encoding)
