@@ -44,6 +44,7 @@ bench: install
 	@$(UV) run --frozen python bench/statement.py
 	@$(UV) run --frozen python -m bench.stream
 	@$(UV) run --frozen python bench/webhooks.py
+	@$(UV) run --frozen python bench/otlp.py
 
 # Issue #18's growth bench: 10 M events of history written first (~GBs of disk, minutes),
 # so it is not part of `make bench`. BENCH_GROWTH_ARGS="--events 300000" for a quick check.

@@ -5,7 +5,9 @@ like runs sent as CloudEvents, and a retried export is never a second charge."""
 from __future__ import annotations
 
 import gzip
+import threading
 from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
@@ -362,3 +364,114 @@ def test_a_database_lost_after_the_key_was_checked_is_a_503_and_nothing_half_sto
     assert reply.headers["retry-after"] == "5"
     assert Status.FromString(reply.content).message.startswith("database_unavailable: ")
     assert counts(db) == (5, 3)  # the first export's run, nothing of the second
+
+
+def test_connection_telemetry_sent_as_cloudevents_joins_the_traced_run(
+    live_server, key, make_key, db, engine, settings
+):
+    """The gateway still reports connection loss as CloudEvents; the policy sees them with
+    the spans of the same run. A run failed for a reason the trace cannot place (cause
+    unknown) is held for review alone; with the gateway's server-side drop before it, it is
+    a verified interruption and refunded (R4), citing the CloudEvent."""
+    agent = backend(live_server, key)
+    for run in ("otel-mixed-held", "otel-mixed-dropped"):
+        with (
+            agent.baggage(**{"fairmeter.run.id": run, **CUSTOMER}),
+            pytest.raises(LookupError),
+            agent.agent(),
+        ):
+            agent.chat(input_tokens=900, output_tokens=40)
+            if run == "otel-mixed-dropped":
+                lost = {
+                    "specversion": "1.0",
+                    "id": "gw-drop-1",
+                    "source": "gateway/eu-1",
+                    "type": "connection.lost",
+                    "subject": run,
+                    "time": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+                    "data": {"customer": CUSTOMER["fairmeter.customer.id"], "side": "server"},
+                }
+                sent = httpx.post(
+                    f"{live_server}/v1/events",
+                    headers={
+                        "authorization": f"Bearer {key}",
+                        "content-type": "application/cloudevents+json",
+                    },
+                    json=lost,
+                    timeout=10,
+                )
+                assert sent.status_code in (200, 202), sent.text
+            raise LookupError("no idea what failed")
+        agent.flush()
+
+    held = settled(live_server, make_key, "otel-mixed-held", engine, settings)
+    assert held["outcome"] == "held_for_review", held
+    dropped = settled(live_server, make_key, "otel-mixed-dropped", engine, settings)
+    assert dropped["outcome"] == "refunded", dropped
+    assert "R4" in dropped["rule_ids"]
+    (evidence,) = db.execute(
+        "SELECT d.evidence_event_ids FROM decisions d JOIN runs r ON r.id = d.run_id "
+        "WHERE r.subject = 'otel-mixed-dropped' ORDER BY d.version DESC LIMIT 1"
+    ).fetchone()
+    assert "gateway/eu-1/gw-drop-1" in evidence
+
+
+class LosingGateway:
+    """A gateway in front of the server that forwards the first export but loses the
+    server's reply (a 503 instead, as a gateway timing out sends), then passes the rest."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.requests = 0
+        gateway = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["content-length"]))
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+                reply = httpx.post(
+                    f"{gateway.upstream}{self.path}", headers=headers, content=body, timeout=10
+                )
+                gateway.requests += 1
+                if gateway.requests == 1:
+                    self.send_response(503)
+                    self.send_header("content-length", "0")
+                    self.end_headers()
+                    return
+                self.send_response(reply.status_code)
+                self.send_header("content-type", reply.headers.get("content-type", ""))
+                self.send_header("content-length", str(len(reply.content)))
+                self.end_headers()
+                self.wfile.write(reply.content)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_the_exporter_retries_a_lost_reply_and_the_run_is_charged_once(
+    live_server, key, make_key, db, engine, settings
+):
+    gateway = LosingGateway(live_server)
+    try:
+        traced_run(backend(gateway.url, key), "otel-retried")
+    finally:
+        gateway.close()
+    assert gateway.requests == 2, "the exporter did not retry the export whose reply was lost"
+    once = backend(live_server, key)
+    traced_run(once, "otel-once")
+    stored = db.execute(
+        "SELECT r.subject, count(*) FROM usage_lines u JOIN runs r ON r.id = u.run_id "
+        "WHERE r.subject IN ('otel-retried', 'otel-once') GROUP BY 1 ORDER BY 1"
+    ).fetchall()
+    assert stored == [("otel-once", 3), ("otel-retried", 3)]
+    retried = settled(live_server, make_key, "otel-retried", engine, settings)
+    single = settled(live_server, make_key, "otel-once", engine, settings)
+    assert retried["billed_micros"] == single["billed_micros"] > 0
