@@ -29,7 +29,7 @@ from api.cloudevents_http import media_type
 from api.ingest import store_request
 from api.metrics import record_ingest, record_rejection, record_spans
 from api.openapi_docs import TracesOperation, keys
-from api.otlp_errors import JSON, OTLP_EXCEPTION_HANDLERS, PROTOBUF
+from api.otlp_errors import JSON, OTLP_EXCEPTION_HANDLERS, PROTOBUF, TRACES_PATH
 from api.ratelimit import spend_event_budget
 from api.services import Services
 from metering.errors import MeteringError, bad_request, payload_too_large, unsupported_media_type
@@ -49,7 +49,7 @@ MAX_INFLATION: Final = 16
 
 
 @post(
-    "/v1/traces",
+    TRACES_PATH,
     status_code=200,
     summary="Ingest OpenTelemetry GenAI spans (OTLP/HTTP, protobuf or JSON)",
     tags=["ingest"],

@@ -17,6 +17,7 @@ from litestar import Request, Response
 from api.cloudevents_http import media_type
 from api.problems import EXCEPTION_HANDLERS
 
+TRACES_PATH: Final = "/v1/traces"  # the route (api/otlp.py), and the rate limiter's reply
 PROTOBUF: Final = "application/x-protobuf"
 JSON: Final = "application/json"
 # google.rpc.Status field 2 (message, a string): tag = 2 << 3 | wire type 2 (length-delimited).
@@ -43,15 +44,20 @@ def _varint(value: int) -> bytes:
             return bytes(out)
 
 
+def status_body(text: str, request_content_type: str) -> tuple[bytes, str]:
+    """(body, content type) of a Status saying ``text``, in the request's encoding."""
+    if media_type(request_content_type) == PROTOBUF:
+        return status_message(text), PROTOBUF
+    # JSON, and a request in neither encoding (its 415): JSON is the readable one.
+    return json.dumps({"message": text}).encode(), JSON
+
+
 def _as_status(handler: Any) -> Any:
     def handle(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
         problem = handler(request, exc)
         body = problem.content
         text = f"{body.get('code', 'error')}: {body.get('detail', '')}"
-        if media_type(request.headers.get("content-type", "")) == PROTOBUF:
-            content, kind = status_message(text), PROTOBUF
-        else:  # JSON, and a request in neither encoding (its 415): JSON is the readable one
-            content, kind = json.dumps({"message": text}).encode(), JSON
+        content, kind = status_body(text, request.headers.get("content-type", ""))
         headers = {k: v for k, v in problem.headers.items() if k.lower() == "retry-after"}
         return Response(content, status_code=problem.status_code, media_type=kind, headers=headers)
 

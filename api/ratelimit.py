@@ -50,6 +50,7 @@ from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.auth import KeyStore
 from api.metrics import record_rejection
+from api.otlp_errors import TRACES_PATH, status_body
 from api.problems import PROBLEM_JSON
 from metering.config import Settings
 from metering.errors import MeteringError, rate_limited
@@ -307,19 +308,23 @@ def _header(scope: Scope, name: bytes) -> str:
     return ""
 
 
-async def _send_429(send: Send, verdict: Verdict) -> None:
+async def _send_429(send: Send, verdict: Verdict, scope: Scope) -> None:
+    detail = f"more than {verdict.limit} requests in this window; retry later"
+    content_type = PROBLEM_JSON
     body = json.dumps(
         {
             "type": "https://fairmeter.dev/problems/rate_limited",
             "title": "Too many requests",
             "status": 429,
             "code": "rate_limited",
-            "detail": f"more than {verdict.limit} requests in this window; retry later",
+            "detail": detail,
             "retry_after_s": verdict.reset_s,
         }
     ).encode()
+    if scope["path"] == TRACES_PATH:  # OTLP/HTTP: errors are a google.rpc.Status
+        body, content_type = status_body(f"rate_limited: {detail}", _header(scope, b"content-type"))
     headers = [
-        (b"content-type", PROBLEM_JSON.encode()),
+        (b"content-type", content_type.encode()),
         (b"content-length", str(len(body)).encode()),
         *verdict.headers(),
     ]
@@ -339,7 +344,7 @@ def _middleware(app: ASGIApp, limiter: RateLimiter) -> ASGIApp:
             await app(scope, receive, send)
             return
         if not verdict.allowed:
-            await _send_429(send, verdict)
+            await _send_429(send, verdict, scope)
             return
 
         async def send_with_headers(message: Message) -> None:

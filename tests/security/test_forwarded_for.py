@@ -70,3 +70,24 @@ def test_a_proxy_missing_from_the_trusted_list_is_warned_about_once(settings, db
         ]
         assert wait_until(lambda: warnings(api) >= 1, timeout_s=10)
     assert warnings(api) == 1
+
+
+def test_an_otlp_exporter_over_its_budget_gets_a_429_it_can_read(settings, db, tmp_path):
+    """OTLP/HTTP wants every error body to be a google.rpc.Status in the request's encoding;
+    the rate limiter answers before the endpoint does, so it says it that way itself."""
+    with serve(settings, tmp_path, **limits()) as api, httpx.Client(base_url=api.base) as http:
+        replies = [
+            http.post("/v1/traces", content=b"", headers={"content-type": "application/x-protobuf"})
+            for _ in range(4)
+        ]
+        json_reply = http.post(
+            "/v1/traces", content=b"{}", headers={"content-type": "application/json"}
+        )
+    assert [r.status_code for r in replies] == [401] * 3 + [429]
+    limited = replies[-1]
+    assert limited.headers["content-type"] == "application/x-protobuf"
+    assert "retry-after" in limited.headers
+    # google.rpc.Status: field 2 (message), length-delimited.
+    assert limited.content[:1] == b"\x12" and b"rate_limited" in limited.content
+    assert json_reply.status_code == 429
+    assert json_reply.json()["message"].startswith("rate_limited: ")
