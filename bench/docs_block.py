@@ -12,13 +12,18 @@ from pathlib import Path
 
 def write_block(path: Path, start: str, end: str, block: str, *, new_section: str = "") -> None:
     """Replace the text from ``start`` through ``end`` by ``block`` (which carries both
-    markers), keeping everything around it. A page without the markers gets
-    ``new_section`` (the section's heading and prose, if any) and the block at its end."""
+    markers), keeping everything around it. A page without the markers but with the
+    section's heading (``new_section``'s first line) gets the block under that heading;
+    a page without either gets ``new_section`` (heading and prose) and the block at its end."""
     text = path.read_text() if path.exists() else "# Benchmarks\n"
+    heading = new_section.strip("\n").split("\n", 1)[0]
     if start in text and end in text:
         head, _, rest = text.partition(start)
         _, _, tail = rest.partition(end)
         text = head + block + tail
+    elif heading and f"{heading}\n" in text:
+        head, _, tail = text.partition(f"{heading}\n")
+        text = head + heading + "\n\n" + block + "\n" + tail
     else:
         lead = new_section.strip("\n")
         text = text.rstrip("\n") + "\n\n" + (lead + "\n\n" if lead else "") + block + "\n"

@@ -56,7 +56,11 @@ RUNTIME_ALLOW_LIST = frozenset(
         "openapi-ui-bundles",
         "packaging",
         "polyfactory",
+        # OTLP/HTTP trace ingest (issue #19): the OpenTelemetry protocol's messages, and
+        # protobuf, which they are generated for. Message classes only, no SDK.
+        "opentelemetry-proto",
         "prometheus-client",
+        "protobuf",
         "prompt-toolkit",
         "psycopg",
         "psycopg-binary",

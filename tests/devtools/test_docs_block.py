@@ -29,3 +29,12 @@ def test_a_page_without_the_block_gets_the_section_at_its_end(tmp_path: Path):
     missing = tmp_path / "docs" / "new.md"
     write_block(missing, START, END, f"{START}\nnew\n{END}")
     assert missing.read_text() == f"# Benchmarks\n\n{START}\nnew\n{END}\n"
+
+
+def test_a_section_without_the_block_gets_it_under_its_heading(tmp_path: Path):
+    page = tmp_path / "scaling.md"
+    page.write_text("# Scaling\n\n## Capacity model\n\nBy hand.\n\n## After\n\nKept.\n")
+    write_block(page, START, END, f"{START}\nnew\n{END}", new_section="## Capacity model")
+    assert page.read_text() == (
+        f"# Scaling\n\n## Capacity model\n\n{START}\nnew\n{END}\n\nBy hand.\n\n## After\n\nKept.\n"
+    )
