@@ -17,3 +17,9 @@ def fresh_database(name: str, server: str = SERVER) -> str:
     url = server.rsplit("/", 1)[0] + f"/{name}"
     upgrade(url)
     return url
+
+
+def drop_database(name: str, server: str = SERVER) -> None:
+    """Drop ``name``, closing its sessions: a bench leaves no database behind."""
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

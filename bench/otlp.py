@@ -46,6 +46,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E4
 from opentelemetry.trace import SpanKind  # noqa: E402
 
 from bench import ingest  # noqa: E402
+from bench.databases import drop_database  # noqa: E402
 from bench.docs_block import write_block  # noqa: E402
 from bench.loadgen import LoadResult, Target, run_bodies  # noqa: E402
 from bench.procs import Server, free_port, serve  # noqa: E402
@@ -219,7 +220,7 @@ def main() -> int:
             "events through `POST /v1/events`, in the same run.",
         )
         print(f"wrote {opts.docs}")
-    ingest_db_drop(opts.database_url)
+    drop_database(DATABASE, ingest.with_database(opts.database_url, "postgres"))
     return 0 if counts.get("otlp") == expected_otlp and not best["errors"] else 1
 
 
@@ -257,15 +258,6 @@ def render(
             END,
         ]
     )
-
-
-def ingest_db_drop(server_url: str) -> None:
-    with psycopg.connect(ingest.with_database(server_url, "postgres"), autocommit=True) as conn:
-        conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
-            (DATABASE,),
-        )
-        conn.execute(f'DROP DATABASE IF EXISTS "{DATABASE}"')
 
 
 if __name__ == "__main__":
