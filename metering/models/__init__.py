@@ -8,13 +8,14 @@ from metering.models.base import metadata
 from metering.models.billing import (
     StripeCarryRow,
     StripeClosedPeriodRow,
+    StripeDeliveryKeyRow,
     StripeDeliveryRow,
     StripeInvoiceRow,
     StripeOutboxRow,
     StripeWebhookRow,
 )
 from metering.models.catalog import PriceRow, ProviderCostRow
-from metering.models.events import EventRow, RunRow, UsageLineRow
+from metering.models.events import EventKeyRow, EventRow, RunRow, UsageLineRow
 from metering.models.ledger import LedgerEntryRow
 from metering.models.notifications import NotificationRow
 from metering.models.policies import PolicyVersionRow
@@ -36,6 +37,7 @@ __all__ = [
     "CustomerRow",
     "DecisionRow",
     "DisputeRow",
+    "EventKeyRow",
     "EventRow",
     "LedgerEntryRow",
     "NotificationRow",
@@ -47,6 +49,7 @@ __all__ = [
     "StatementLineRow",
     "StripeCarryRow",
     "StripeClosedPeriodRow",
+    "StripeDeliveryKeyRow",
     "StripeDeliveryRow",
     "StripeInvoiceRow",
     "StripeOutboxRow",
