@@ -34,6 +34,19 @@ MONTHLY_TABLES: Final[dict[str, str]] = {
 }
 
 
+# The months a batch of runs' raw events and usage lines can be in: from the earliest
+# ``runs.first_received_at`` of the runs in ``%(ids)s`` on. Ingest keeps that column at the
+# least ``received_at`` its events and lines were stored with (UPSERT_RUNS, in the statement
+# before them), so the bound is exact whatever the clocks did; a run without one (written
+# outside ingest) gives no bound. ``received_at >= RUNS_RECEIVED_SINCE`` lets PostgreSQL skip
+# every earlier month's partition at execution (run-time pruning on the InitPlan's value):
+# 88 months of usage lines probed for 200 runs cost 40-80 ms, the run's months 4-14 ms.
+RUNS_RECEIVED_SINCE: Final = (
+    "(SELECT coalesce(min(coalesce(first_received_at, '-infinity')), '-infinity') "
+    "FROM runs WHERE id = ANY(%(ids)s))"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class MonthPartition:
     table: str

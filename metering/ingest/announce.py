@@ -28,6 +28,7 @@ from typing import Any
 import psycopg
 
 from metering.catalogue import TERMINAL_TYPES, USAGE_TYPE
+from metering.history.partitions import RUNS_RECEIVED_SINCE
 from metering.ingest.validation import ValidEvent
 from metering.notifications.announced import remember_and_record
 from metering.notifications.builders import RunRef, status_changed
@@ -62,11 +63,12 @@ def _facts(events: Iterable[ValidEvent]) -> list[EventFact]:
 LIVE_EVENTS = f"""
 WITH resumed AS (
     SELECT run_id, max(time) AS at FROM events
-    WHERE run_id = ANY(%(ids)s) AND type = 'run.resumed' GROUP BY run_id
+    WHERE run_id = ANY(%(ids)s) AND received_at >= {RUNS_RECEIVED_SINCE}
+      AND type = 'run.resumed' GROUP BY run_id
 )
 SELECT e.run_id, e.event_id, e.type, e.time, e.data
 FROM events e LEFT JOIN resumed r ON r.run_id = e.run_id
-WHERE e.run_id = ANY(%(ids)s)
+WHERE e.run_id = ANY(%(ids)s) AND e.received_at >= {RUNS_RECEIVED_SINCE}
   AND (e.type = ANY(%(types)s) OR (e.type = '{USAGE_TYPE}' AND e.time >= r.at))
 """
 

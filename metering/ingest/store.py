@@ -56,18 +56,22 @@ ORDER BY c
 ON CONFLICT DO NOTHING
 """
 
+# first_received_at is kept at the least received_at of the run's events and usage lines
+# (this request's come next, with %(now)s): reads by run skip the months before it
+# (metering/history/partitions.py, RUNS_RECEIVED_SINCE), whatever order the clocks gave.
 # DO UPDATE (not DO NOTHING) so the row comes back locked and with its stored customer, and
 # with what ``announce`` needs of its state before this request's events. A run created
 # here gets its status words with it (all its events are in this request); evidence_version
 # is still 0 then (the events are counted by the next statement), never after.
 UPSERT_RUNS = """
 INSERT INTO runs (tenant_id, subject, customer_id, first_event_at, last_event_at,
-                  last_received_at, event_count, announced_status)
-SELECT %(tenant)s, r.subject, r.customer, r.at, r.at, %(now)s, 0, r.status
+                  first_received_at, last_received_at, event_count, announced_status)
+SELECT %(tenant)s, r.subject, r.customer, r.at, r.at, %(now)s, %(now)s, 0, r.status
 FROM json_to_recordset(%(runs)s::json)
      AS r(subject text, customer text, at timestamptz, status text)
 ORDER BY r.subject
-ON CONFLICT (tenant_id, subject) DO UPDATE SET last_received_at = EXCLUDED.last_received_at
+ON CONFLICT (tenant_id, subject) DO UPDATE SET last_received_at = EXCLUDED.last_received_at,
+    first_received_at = LEAST(runs.first_received_at, EXCLUDED.first_received_at)
 RETURNING id, subject, customer_id, announced_status, evidence_version > 0,
           decision_version > 0, parked_at IS NOT NULL, terminal_at IS NOT NULL
 """

@@ -75,6 +75,9 @@ class RunRow(SQLModel, table=True):
     last_received_at: datetime = Field(
         sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False)
     )
+    # The least received_at of the run's events and usage lines, kept by ingest: the first
+    # month their partitions can hold (NULL, for a run written outside ingest: unknown).
+    first_received_at: datetime | None = timestamp_field(nullable=True)
     terminal_at: datetime | None = timestamp_field(nullable=True)
     # Latest connection.lost, and latest sign of life after one (restore, resume, usage):
     # a drop is "open" while last_lost_at > last_recovered_at.

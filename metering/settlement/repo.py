@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 import psycopg
 
+from metering.history.partitions import RUNS_RECEIVED_SINCE
 from metering.policy import CustomerPeriod, EventFact, UsageLine
 from metering.policy.support import SupportGrant
 from metering.settlement.decided_facts import LinePricing
@@ -121,15 +122,16 @@ class Evidence:
 
 # ``data`` as text: decoding all of a chunk's bodies in one msgspec call costs a fraction of
 # psycopg's per-value jsonb loader.
-LOAD_EVENTS = """
+# Both read only the months the runs' rows can be in (RUNS_RECEIVED_SINCE).
+LOAD_EVENTS = f"""
 SELECT run_id, id, source || '/' || event_id, type, time, data::text FROM events
-WHERE run_id = ANY(%(ids)s)
+WHERE run_id = ANY(%(ids)s) AND received_at >= {RUNS_RECEIVED_SINCE}
 """
 
-LOAD_USAGE = """
+LOAD_USAGE = f"""
 SELECT run_id, id, event_pk, step, attempt, tool_call_id, replay, gross_micros, time, model,
        input_tokens, cached_input_tokens, output_tokens
-FROM usage_lines WHERE run_id = ANY(%(ids)s)
+FROM usage_lines WHERE run_id = ANY(%(ids)s) AND received_at >= {RUNS_RECEIVED_SINCE}
 """
 
 

@@ -21,7 +21,9 @@ month of events being dropped while the ledger (kept for years) still names its 
 ``usage_lines → events`` and ``ledger_entries → usage_lines`` go; ingest writes event,
 line and hold in one statement. Keys into ``runs``, ``stripe_outbox`` and ``tenants`` stay.
 
-``usage_lines`` gains ``received_at`` (its event's), its partition key.
+``usage_lines`` gains ``received_at`` (its event's), its partition key, and ``runs`` gains
+``first_received_at``, the least ``received_at`` of its events and lines, so reads by run
+skip the months before it.
 
 ``fairmeter_ensure_month_partitions`` runs as its owner from now on (SECURITY DEFINER, with
 a fixed search_path): only a table's owner may add a partition to it, and the beat that
@@ -258,12 +260,19 @@ def upgrade() -> None:
         )
     for table in ORDER:
         _finish(table, PARTITIONED[table][1], old[table])
+    op.execute("ALTER TABLE runs ADD COLUMN first_received_at timestamptz")
+    op.execute(
+        "UPDATE runs r SET first_received_at = e.first FROM "
+        "(SELECT run_id, min(received_at) AS first FROM events GROUP BY run_id) e "
+        "WHERE r.id = e.run_id"
+    )
 
 
 def downgrade() -> None:
     """Downgrade schema: plain tables again, every row kept (events archived meanwhile are
     not brought back: restore them first)."""
     op.execute(f"ALTER FUNCTION {ENSURE} SECURITY INVOKER RESET search_path")
+    op.execute("ALTER TABLE runs DROP COLUMN first_received_at")
     op.execute("DROP TABLE stripe_delivery_keys")
     op.execute("DROP TABLE event_keys")
     for table in ORDER:
