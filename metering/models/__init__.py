@@ -15,6 +15,7 @@ from metering.models.billing import (
 )
 from metering.models.catalog import PriceRow, ProviderCostRow
 from metering.models.events import EventRow, RunRow, UsageLineRow
+from metering.models.history import ArchivedMonthRow
 from metering.models.ledger import LedgerEntryRow
 from metering.models.notifications import NotificationRow
 from metering.models.policies import PolicyVersionRow
@@ -31,6 +32,7 @@ from metering.models.webhooks import (
 
 __all__ = [
     "ApiKeyRow",
+    "ArchivedMonthRow",
     "AuditRow",
     "ConsoleSessionRow",
     "CustomerRow",
