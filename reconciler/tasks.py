@@ -91,15 +91,22 @@ def archive_history_task() -> int:
     """Daily: archive the months past retention (metering/history/archive.py)."""
     report = archive_history(engine(), settings(), datetime.now(UTC))
     for o in report.outcomes:
-        level = logging.WARNING if o.outcome in ("held", "waiting") else logging.INFO
-        level = logging.ERROR if o.outcome == "failed" else level
         log.log(
-            level,
-            "archive %s",
-            o.outcome,
+            ARCHIVE_LOG_LEVELS[o.outcome],
+            f"archive: {o.table} {o.period} {o.outcome}",
             extra={"table": o.table, "month": o.period, "rows": o.rows, "detail": o.detail},
         )
+    if waiting := report.count("waiting"):
+        log.warning("%d month(s) past retention wait: set FAIRMETER_ARCHIVE_URL", waiting)
     return report.count("archived")
+
+
+ARCHIVE_LOG_LEVELS = {
+    "archived": logging.INFO,
+    "held": logging.WARNING,
+    "waiting": logging.INFO,
+    "failed": logging.ERROR,
+}
 
 
 @app.task(name="fairmeter.check_stripe_drift")
