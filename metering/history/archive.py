@@ -184,6 +184,8 @@ def _verify_and_drop(
             db.record_archived(conn, _record(store, manifest, now))
     except psycopg.errors.LockNotAvailable:
         return _failed(partition, "the table stayed locked by others; tried again next run")
+    except psycopg.errors.ForeignKeyViolation as exc:  # rows of another table still point here
+        return _failed(partition, f"cannot be detached: {exc.diag.message_primary}")
     return MonthOutcome(partition.table, partition.month, "archived", manifest.rows)
 
 
