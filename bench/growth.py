@@ -54,6 +54,7 @@ from bench.ingest import make_batches  # noqa: E402
 from devtools.bulk import EXPLANATION  # noqa: E402
 from metering.config import Settings  # noqa: E402
 from metering.db import SESSION_OPTIONS  # noqa: E402
+from metering.history.partitions import MONTHLY_TABLES  # noqa: E402
 from metering.ingest.service import IngestRequest, ingest_events  # noqa: E402
 from metering.periods import period_of  # noqa: E402
 from metering.prices import CatalogCache, insert_prices, load_catalog, read_catalog_file  # noqa: E402
@@ -203,7 +204,7 @@ EVENT_COLUMNS = (
 USAGE_COLUMNS = (
     "id, event_pk, run_id, model, step, attempt, tool_call_id, replay, input_tokens, "
     "cached_input_tokens, output_tokens, input_micros, cached_input_micros, output_micros, "
-    "gross_micros, time, tenant_id"
+    "gross_micros, time, tenant_id, received_at"
 )
 LEDGER_COLUMNS = (
     "id, tenant_id, customer_id, run_id, kind, amount_micros, usage_line_id, "
@@ -245,7 +246,7 @@ def usage_rows(shape: Shape, now: datetime, big_month: datetime) -> Iterator[str
             yield (
                 f"{line}\t{event}\t{r.id}\t{MODEL}\t{step}\t1\t\\N\tf\t1000\t200\t300\t"
                 f"{INPUT_MICROS}\t{CACHED_MICROS}\t{OUTPUT_MICROS}\t{LINE_MICROS}\t"
-                f"{ts(event_time(r, step))}\t{TENANT}\n"
+                f"{ts(event_time(r, step))}\t{TENANT}\t{ts(event_time(r, step))}\n"
             )
 
 
@@ -329,12 +330,28 @@ def build_history(url: str, shape: Shape, now: datetime, big_month: datetime) ->
             ("usage_lines", USAGE_COLUMNS, usage_rows),
             ("ledger_entries", LEDGER_COLUMNS, ledger_rows),
         ]
+        # Each month of the history gets its partitions first, as the beat would have made
+        # them (else its rows would pile up in each table's DEFAULT partition).
+        for table in MONTHLY_TABLES:
+            conn.execute(
+                "SELECT fairmeter_ensure_month_partitions(%s, %s, %s)",
+                (
+                    table,
+                    (now - HISTORY - timedelta(days=31)).date(),
+                    (now + timedelta(days=90)).date(),
+                ),
+            )
         for table, columns, rows in steps:
             t0 = time.perf_counter()
             counts[table] = copy(conn, table, columns, rows(shape, now, big_month))
             print(
                 f"  {table}: {counts[table]:,} rows in {time.perf_counter() - t0:.0f} s", flush=True
             )
+        # Ingest writes each event's key with it (migration 0024).
+        counts["event_keys"] = conn.execute(
+            "INSERT INTO event_keys SELECT tenant_id, source, event_id, body_hash, id, "
+            "received_at FROM events"
+        ).rowcount
         params = {"explanation": EXPLANATION, "models": [MODEL]}
         counts["decisions"] = conn.execute(DECISIONS, params).rowcount
         counts["statement_lines"] = conn.execute(STATEMENT_LINES).rowcount

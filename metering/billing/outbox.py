@@ -217,18 +217,33 @@ def _insert_deliveries(conn: psycopg.Connection[Any], done: Sequence[Delivery]) 
         row += (d.amount_minor,)
         for column, value in zip(columns, row, strict=True):
             column.append(value)
+    # Recorded once per (tenant, kind, identifier), forever: the key goes to the
+    # unpartitioned stripe_delivery_keys (migration 0024), and only a delivery whose key is
+    # new is written. Keys in one order, so concurrent pushers cannot deadlock on them.
     conn.execute(
         """
+        WITH u AS (
+            SELECT DISTINCT ON (t, k, i) *
+            FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::bigint[], %s::text[],
+                        %s::text[], %s::text[], %s::bigint[], %s::bigint[], %s::bigint[],
+                        %s::timestamptz[], %s::timestamptz[], %s::text[], %s::text[], %s::text[],
+                        %s::bigint[])
+                 WITH ORDINALITY AS u(o, t, c, r, k, i, ci, m, un, ce, ts, ra, n, inv, cur, am,
+                                      ord)
+            ORDER BY t, k, i, ord
+        ),
+        fresh AS (
+            INSERT INTO stripe_delivery_keys (tenant_id, kind, identifier)
+            SELECT t, k, i FROM u ORDER BY t, k, i
+            ON CONFLICT DO NOTHING
+            RETURNING tenant_id, kind, identifier
+        )
         INSERT INTO stripe_deliveries (outbox_id, tenant_id, customer_id, run_id, kind,
             identifier, cancels_identifier, micros, units, cents, event_timestamp,
             stripe_received_at, note, invoice_id, currency, amount_minor)
         SELECT o, t, c, r, k, i, ci, m, un, ce, ts, ra, n, inv, cur, am
-        FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::bigint[], %s::text[], %s::text[],
-                    %s::text[], %s::bigint[], %s::bigint[], %s::bigint[], %s::timestamptz[],
-                    %s::timestamptz[], %s::text[], %s::text[], %s::text[], %s::bigint[])
-             WITH ORDINALITY AS u(o, t, c, r, k, i, ci, m, un, ce, ts, ra, n, inv, cur, am, ord)
+        FROM u JOIN fresh f ON f.tenant_id = u.t AND f.kind = u.k AND f.identifier = u.i
         ORDER BY ord
-        ON CONFLICT (kind, identifier, tenant_id) DO NOTHING
         """,
         columns,
     )

@@ -178,16 +178,27 @@ def _reject(
     conn: psycopg.Connection[Any], identifier: str, code: str, event_id: str, unit: int
 ) -> int | None:
     """Record the delivery ``identifier`` as rejected (once); the run's latest outbox row."""
+    # The rejection's key goes to stripe_delivery_keys first (migration 0024): Stripe's
+    # webhook about it may come again in another transaction, or another month.
     row = conn.execute(
         """
+        WITH sent AS (
+            SELECT * FROM stripe_deliveries
+            WHERE kind = 'meter_event' AND identifier = %(identifier)s
+        ),
+        fresh AS (
+            INSERT INTO stripe_delivery_keys (tenant_id, kind, identifier)
+            SELECT tenant_id, 'meter_rejected', 'rejected:' || identifier FROM sent
+            ON CONFLICT DO NOTHING
+            RETURNING tenant_id
+        )
         INSERT INTO stripe_deliveries (outbox_id, tenant_id, customer_id, run_id, kind,
             identifier, cancels_identifier, micros, units, cents, event_timestamp,
             stripe_received_at, note)
-        SELECT outbox_id, tenant_id, customer_id, run_id, 'meter_rejected',
+        SELECT outbox_id, s.tenant_id, customer_id, run_id, 'meter_rejected',
                'rejected:' || identifier, identifier, -micros, units, 0, event_timestamp,
                %(now)s, %(note)s
-        FROM stripe_deliveries WHERE kind = 'meter_event' AND identifier = %(identifier)s
-        ON CONFLICT (kind, identifier, tenant_id) DO NOTHING
+        FROM sent s JOIN fresh f ON f.tenant_id = s.tenant_id
         RETURNING run_id, tenant_id, customer_id, micros, units
         """,
         {"now": datetime.now(UTC), "note": f"{code} ({event_id})"[:200], "identifier": identifier},

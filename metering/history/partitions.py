@@ -23,7 +23,15 @@ import psycopg
 
 # The tables kept as monthly partitions, and the column that picks a row's month (a
 # server-set time, so a producer's clock cannot send a row to a month long gone or far off).
-MONTHLY_TABLES: Final = ("audit_log",)
+# audit_log since migration 0023, the others since 0024.
+MONTHLY_TABLES: Final[dict[str, str]] = {
+    "events": "received_at",
+    "usage_lines": "received_at",
+    "ledger_entries": "created_at",
+    "decisions": "decided_at",
+    "stripe_deliveries": "stripe_received_at",
+    "audit_log": "created_at",
+}
 
 
 @dataclass(frozen=True, slots=True)

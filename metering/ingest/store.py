@@ -72,10 +72,14 @@ RETURNING id, subject, customer_id, announced_status, evidence_version > 0,
           decision_version > 0, parked_at IS NOT NULL, terminal_at IS NOT NULL
 """
 
-# One statement for everything keyed by event: the events themselves (in key order), the
-# usage lines and holds of the fresh ones, and the aggregates their runs gain from them.
-# Its snapshot predates its own inserts, so the last SELECT finds only events stored
-# before: the duplicates, with the hash to tell a repeat from a conflict.
+# One statement for everything keyed by event: the events' keys (in key order: the only
+# unique key written here, so its locks are taken in one global order), the events whose
+# key is new, the usage lines and holds of those, and the aggregates their runs gain from
+# them. The keys live in ``event_keys``, not on the partitioned ``events`` (migration 0024):
+# an event is a duplicate forever, also once its month is archived. An event's id is drawn
+# with its key, so the event and its usage line point at each other without a lookup.
+# The statement's snapshot predates its own inserts, so the last SELECT finds only keys
+# stored before: the duplicates, with the hash to tell a repeat from a conflict.
 INSERT_EVENTS = f"""
 WITH input AS (
     SELECT * FROM json_to_recordset(%(events)s::json) AS x(
@@ -85,14 +89,21 @@ WITH input AS (
         output_tokens bigint, input_micros bigint, cached_input_micros bigint,
         output_micros bigint, gross_micros bigint)
 ),
-inserted AS (
-    INSERT INTO events (tenant_id, source, event_id, type, run_id, time, received_at,
-                        body_hash, attributes, data)
-    SELECT %(tenant)s::text, i.source, i.event_id, i.type, i.run_id, i.at,
-           %(now)s::timestamptz, decode(i.hash, 'hex'), i.attributes, i.data
+keys AS (
+    INSERT INTO event_keys (tenant_id, source, event_id, body_hash, event_pk, received_at)
+    SELECT %(tenant)s::text, i.source, i.event_id, decode(i.hash, 'hex'),
+           nextval('events_id_seq'), %(now)s::timestamptz
     FROM input i
     ORDER BY i.source, i.event_id
     ON CONFLICT (tenant_id, source, event_id) DO NOTHING
+    RETURNING event_pk, source, event_id, body_hash
+),
+inserted AS (
+    INSERT INTO events (id, tenant_id, source, event_id, type, run_id, time, received_at,
+                        body_hash, attributes, data)
+    SELECT k.event_pk, %(tenant)s::text, i.source, i.event_id, i.type, i.run_id, i.at,
+           %(now)s::timestamptz, k.body_hash, i.attributes, i.data
+    FROM keys k JOIN input i ON i.source = k.source AND i.event_id = k.event_id
     RETURNING id, source, event_id
 ),
 fresh AS (
@@ -102,10 +113,12 @@ fresh AS (
 lines AS (
     INSERT INTO usage_lines (tenant_id, event_pk, run_id, model, step, attempt, tool_call_id,
                              replay, input_tokens, cached_input_tokens, output_tokens,
-                             input_micros, cached_input_micros, output_micros, gross_micros, time)
+                             input_micros, cached_input_micros, output_micros, gross_micros, time,
+                             received_at)
     SELECT %(tenant)s::text, event_pk, run_id, model, step, attempt, tool_call_id, replay,
            input_tokens, cached_input_tokens, output_tokens,
-           input_micros, cached_input_micros, output_micros, gross_micros, at
+           input_micros, cached_input_micros, output_micros, gross_micros, at,
+           %(now)s::timestamptz
     FROM fresh WHERE type = '{USAGE_TYPE}'
     RETURNING id, run_id, gross_micros
 ),
@@ -134,7 +147,7 @@ SELECT source, event_id, id, NULL::bytea FROM inserted
 UNION ALL
 SELECT i.source, i.event_id, NULL, e.body_hash
 FROM input i CROSS JOIN LATERAL (  -- LIMIT keeps it a probe per event, not a join
-    SELECT body_hash FROM events
+    SELECT body_hash FROM event_keys
     WHERE tenant_id = %(tenant)s::text AND source = i.source AND event_id = i.event_id
     LIMIT 1
 ) AS e
@@ -149,7 +162,7 @@ FROM input i CROSS JOIN LATERAL (  -- LIMIT keeps it a probe per event, not a jo
 GENERIC_PLANS = "SET LOCAL plan_cache_mode = force_generic_plan"
 
 EXISTING_HASHES = """
-SELECT source, event_id, body_hash FROM events
+SELECT source, event_id, body_hash FROM event_keys
 WHERE tenant_id = %(tenant)s
   AND (source, event_id) IN (SELECT * FROM unnest(%(sources)s::text[], %(ids)s::text[]))
 """

@@ -8,13 +8,14 @@ from metering.models.base import metadata
 from metering.models.billing import (
     StripeCarryRow,
     StripeClosedPeriodRow,
+    StripeDeliveryKeyRow,
     StripeDeliveryRow,
     StripeInvoiceRow,
     StripeOutboxRow,
     StripeWebhookRow,
 )
 from metering.models.catalog import PriceRow, ProviderCostRow
-from metering.models.events import EventRow, RunRow, UsageLineRow
+from metering.models.events import EventKeyRow, EventRow, RunRow, UsageLineRow
 from metering.models.history import ArchivedMonthRow
 from metering.models.ledger import LedgerEntryRow
 from metering.models.notifications import NotificationRow
@@ -38,6 +39,7 @@ __all__ = [
     "CustomerRow",
     "DecisionRow",
     "DisputeRow",
+    "EventKeyRow",
     "EventRow",
     "LedgerEntryRow",
     "NotificationRow",
@@ -49,6 +51,7 @@ __all__ = [
     "StatementLineRow",
     "StripeCarryRow",
     "StripeClosedPeriodRow",
+    "StripeDeliveryKeyRow",
     "StripeDeliveryRow",
     "StripeInvoiceRow",
     "StripeOutboxRow",

@@ -38,6 +38,20 @@ def micros_field(*, nullable: bool = False) -> Any:
     return Field(default=None, sa_column=sa.Column(sa.BigInteger, nullable=nullable))
 
 
+def month_key_field(*, default_now: bool = False) -> Any:
+    """The server-set ``timestamptz`` that picks a row's monthly partition (docs/scaling.md,
+    "Monthly partitions"); a partitioned table's primary key must include it."""
+    return Field(
+        default=None,
+        sa_column=sa.Column(
+            sa.DateTime(timezone=True),
+            primary_key=True,
+            nullable=False,
+            server_default=sa.func.now() if default_now else None,
+        ),
+    )
+
+
 def tenant_id_field() -> Any:
     """The row's id, first column of its primary key ``(id, tenant_id)`` (issue #18).
 

@@ -9,7 +9,12 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
 
-from metering.models.base import tenant_id_field, tenant_primary_key, timestamp_field
+from metering.models.base import (
+    month_key_field,
+    tenant_id_field,
+    tenant_primary_key,
+    timestamp_field,
+)
 
 OUTBOX_STATUSES = ("pending", "waiting_customer", "sent", "dead", "superseded")
 
@@ -96,8 +101,17 @@ class StripeDeliveryRow(SQLModel, table=True):
 
     __tablename__ = "stripe_deliveries"
     __table_args__ = (
-        tenant_primary_key("id"),
-        sa.UniqueConstraint("kind", "identifier", "tenant_id"),
+        # Partitioned by month of stripe_received_at (migration 0024); each delivery is
+        # recorded once by StripeDeliveryKeyRow, whatever its month.
+        sa.PrimaryKeyConstraint("id", "tenant_id", "stripe_received_at"),
+        sa.Index(
+            "uq_stripe_deliveries_kind_identifier_tenant_id_received",
+            "kind",
+            "identifier",
+            "tenant_id",
+            "stripe_received_at",
+            unique=True,
+        ),
         sa.ForeignKeyConstraint(
             ["tenant_id", "outbox_id"], ["stripe_outbox.tenant_id", "stripe_outbox.id"]
         ),
@@ -123,13 +137,25 @@ class StripeDeliveryRow(SQLModel, table=True):
     units: int = Field(default=0, sa_column=sa.Column(sa.BigInteger, nullable=False))
     cents: int = Field(default=0, sa_column=sa.Column(sa.BigInteger, nullable=False))
     event_timestamp: datetime | None = timestamp_field(nullable=True)
-    stripe_received_at: datetime = Field(
-        sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False)
-    )
+    stripe_received_at: datetime = month_key_field()
     note: str | None = Field(default=None, max_length=200)
     invoice_id: str | None = Field(default=None, max_length=255)
     currency: str | None = Field(default=None, max_length=3)
     amount_minor: int | None = Field(default=None, sa_column=sa.Column(sa.BigInteger))
+
+
+class StripeDeliveryKeyRow(SQLModel, table=True):
+    """Each Stripe delivery's key, kept forever (migration 0024): a delivery is recorded
+    once though a retry or Stripe's webhook about it comes in another transaction, or
+    another month, than the first record (the partitioned deliveries table can only hold a
+    key that includes the month). Written in the statement that records the delivery."""
+
+    __tablename__ = "stripe_delivery_keys"
+    __table_args__ = (sa.PrimaryKeyConstraint("tenant_id", "kind", "identifier"),)
+
+    tenant_id: str = Field(max_length=64)
+    kind: str = Field(max_length=20)
+    identifier: str = Field(max_length=120)
 
 
 class StripeCarryRow(SQLModel, table=True):

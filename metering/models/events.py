@@ -9,7 +9,12 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
 
-from metering.models.base import tenant_id_field, tenant_primary_key, timestamp_field
+from metering.models.base import (
+    month_key_field,
+    tenant_id_field,
+    tenant_primary_key,
+    timestamp_field,
+)
 
 # A run with evidence that no decision has seen yet (and not parked): the sweeper's work.
 PENDING = "settled_evidence_version < evidence_version AND parked_at IS NULL"
@@ -128,14 +133,14 @@ class RunRow(SQLModel, table=True):
 class EventRow(SQLModel, table=True):
     """A raw CloudEvent exactly as accepted, in canonical form, with its content hash.
 
-    ``(tenant_id, source, event_id)`` is the idempotency key; ``body_hash`` tells a retry
-    (same content) from a conflict (same key, other content).
+    Partitioned by month of ``received_at`` (migration 0024), so a month can be archived
+    and dropped whole. Its idempotency key ``(tenant_id, source, event_id)`` lives in
+    :class:`EventKeyRow`, which outlives the month.
     """
 
     __tablename__ = "events"
     __table_args__ = (
-        tenant_primary_key("id"),
-        sa.UniqueConstraint("tenant_id", "source", "event_id"),
+        sa.PrimaryKeyConstraint("id", "tenant_id", "received_at"),
         sa.Index("ix_events_run_id_time", "run_id", "time"),
         # One key for both columns: the event's run, in the event's tenant (the run's own
         # key to ``tenants`` covers the tenant). One check per row instead of two, on the
@@ -150,10 +155,33 @@ class EventRow(SQLModel, table=True):
     type: str = Field(max_length=64)
     run_id: int = Field(sa_type=sa.BigInteger)
     time: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))
-    received_at: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))
+    # The server's clock, never the producer's: it picks the row's monthly partition.
+    received_at: datetime = month_key_field()
     body_hash: bytes = Field(sa_column=sa.Column(sa.LargeBinary, nullable=False))
     attributes: dict[str, Any] = Field(sa_column=sa.Column(JSONB, nullable=False))
     data: dict[str, Any] = Field(sa_column=sa.Column(JSONB, nullable=False))
+
+
+class EventKeyRow(SQLModel, table=True):
+    """An event's idempotency key, kept forever (migration 0024).
+
+    A partitioned table can only enforce a key that includes its partition key, and a
+    month of raw events is archived and dropped after 13 months, while a producer may
+    re-send an event any time later. So the key is a narrow table of its own, written in
+    ingest's statement before the event: a re-sent event is a duplicate forever, and one
+    re-sent with other content a 409 (``body_hash``), whether or not its month is still in
+    the database. ``event_pk`` and ``received_at`` find the stored event.
+    """
+
+    __tablename__ = "event_keys"
+    __table_args__ = (sa.PrimaryKeyConstraint("tenant_id", "source", "event_id"),)
+
+    tenant_id: str = Field(max_length=64)
+    source: str = Field(max_length=255)
+    event_id: str = Field(max_length=255)
+    body_hash: bytes = Field(sa_column=sa.Column(sa.LargeBinary, nullable=False))
+    event_pk: int = Field(sa_type=sa.BigInteger)
+    received_at: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))
 
 
 class UsageLineRow(SQLModel, table=True):
@@ -174,10 +202,18 @@ class UsageLineRow(SQLModel, table=True):
             name="gross_is_sum_of_classes",
         ),
         sa.Index("ix_usage_lines_run_id", "run_id"),
-        tenant_primary_key("id"),
-        # One line per event; the tenant comes last so the key still serves by-event lookups.
-        sa.UniqueConstraint("event_pk", "tenant_id"),
-        sa.ForeignKeyConstraint(["tenant_id", "event_pk"], ["events.tenant_id", "events.id"]),
+        # Partitioned by month of its event's received_at (migration 0024).
+        sa.PrimaryKeyConstraint("id", "tenant_id", "received_at"),
+        # One line per event (an event's received_at is one value, so the month changes
+        # nothing); the tenant comes before the month so the key serves by-event lookups.
+        # No key into events: their month is archived long before the ledger's lines go.
+        sa.Index(
+            "uq_usage_lines_event_pk_tenant_id_received_at",
+            "event_pk",
+            "tenant_id",
+            "received_at",
+            unique=True,
+        ),
         sa.ForeignKeyConstraint(["tenant_id", "run_id"], ["runs.tenant_id", "runs.id"]),
     )
 
@@ -199,3 +235,5 @@ class UsageLineRow(SQLModel, table=True):
     output_micros: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
     gross_micros: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
     time: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))
+    # Its event's: the server's clock when the event was stored, the line's partition key.
+    received_at: datetime = month_key_field()

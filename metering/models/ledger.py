@@ -15,7 +15,7 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlmodel import Field, SQLModel
 
-from metering.models.base import tenant_id_field, tenant_primary_key, timestamp_field
+from metering.models.base import month_key_field, tenant_id_field
 
 LEDGER_KINDS = ("hold", "post", "release", "correction")
 
@@ -31,11 +31,14 @@ class LedgerEntryRow(SQLModel, table=True):
             "(kind = 'hold') = (usage_line_id IS NOT NULL)", name="holds_reference_usage"
         ),
         # One hold per usage line: a retried ingest can never hold twice.
-        tenant_primary_key("id"),
+        # Partitioned by month of created_at (migration 0024). A hold is written in the
+        # statement that writes its usage line, so the month in its key changes nothing.
+        sa.PrimaryKeyConstraint("id", "tenant_id", "created_at"),
         sa.Index(
             "uq_ledger_entries_hold_usage_line",
             "usage_line_id",
             "tenant_id",
+            "created_at",
             unique=True,
             postgresql_where=sa.text("kind = 'hold'"),
         ),
@@ -45,7 +48,9 @@ class LedgerEntryRow(SQLModel, table=True):
         sa.CheckConstraint(
             "corrects IS NULL OR corrects IN ('billed', 'credited')", name="corrects_known"
         ),
-        # A decision's postings are written once: a retried settlement cannot post twice.
+        # A decision's postings are written once: a retried settlement cannot post twice
+        # in its transaction (this key), nor in another (the run's row lock and version
+        # counter, under which postings are written: the month is one value per decision).
         sa.Index(
             "uq_ledger_entries_decision_posting",
             "run_id",
@@ -53,6 +58,7 @@ class LedgerEntryRow(SQLModel, table=True):
             "kind",
             "corrects",
             "tenant_id",
+            "created_at",
             unique=True,
             postgresql_where=sa.text("kind <> 'hold'"),
             postgresql_nulls_not_distinct=True,
@@ -65,9 +71,6 @@ class LedgerEntryRow(SQLModel, table=True):
             ["tenant_id", "customer_id", "run_id"],
             ["runs.tenant_id", "runs.customer_id", "runs.id"],
         ),
-        sa.ForeignKeyConstraint(
-            ["tenant_id", "usage_line_id"], ["usage_lines.tenant_id", "usage_lines.id"]
-        ),
     )
 
     id: int | None = tenant_id_field()
@@ -79,4 +82,4 @@ class LedgerEntryRow(SQLModel, table=True):
     usage_line_id: int | None = Field(default=None, sa_type=sa.BigInteger)
     decision_version: int | None = Field(default=None)
     corrects: str | None = Field(default=None, max_length=16)  # "billed" | "credited"
-    created_at: datetime | None = timestamp_field(default_now=True)
+    created_at: datetime | None = month_key_field(default_now=True)

@@ -8,15 +8,26 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlmodel import Field, SQLModel
 
-from metering.models.base import tenant_id_field, tenant_primary_key, timestamp_field
+from metering.models.base import month_key_field, tenant_id_field
 
 
 class DecisionRow(SQLModel, table=True):
     __tablename__ = "decisions"
     __table_args__ = (
-        tenant_primary_key("id"),
-        # A run's versions are numbered once; the tenant last, so the key serves by-run reads.
-        sa.UniqueConstraint("run_id", "version", "tenant_id"),
+        # Partitioned by month of decided_at (migration 0024).
+        sa.PrimaryKeyConstraint("id", "tenant_id", "decided_at"),
+        # A run's versions are numbered once: in one transaction by this key, across
+        # transactions by the run's row lock and version counter, under which decisions are
+        # written (the month in the key is one value per transaction). The tenant before
+        # the month, so the key serves by-run reads.
+        sa.Index(
+            "uq_decisions_run_id_version_tenant_id_decided_at",
+            "run_id",
+            "version",
+            "tenant_id",
+            "decided_at",
+            unique=True,
+        ),
         sa.ForeignKeyConstraint(["tenant_id", "run_id"], ["runs.tenant_id", "runs.id"]),
         sa.CheckConstraint(
             "outcome IN ('confirmed', 'partially_credited', 'refunded', 'held_for_review')",
@@ -66,7 +77,7 @@ class DecisionRow(SQLModel, table=True):
     cached_input_tokens: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
     output_tokens: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
     ended_at: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))
-    decided_at: datetime | None = timestamp_field(default_now=True)
+    decided_at: datetime | None = month_key_field(default_now=True)
     # The tenant's policy version that made this decision (0: the settings' default policy,
     # and every decision made before policies were versioned).
     policy_version: int = Field(

@@ -9,7 +9,12 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
 
-from metering.models.base import tenant_id_field, tenant_primary_key, timestamp_field
+from metering.models.base import (
+    month_key_field,
+    tenant_id_field,
+    tenant_primary_key,
+    timestamp_field,
+)
 
 
 class DisputeRow(SQLModel, table=True):
@@ -106,9 +111,4 @@ class AuditRow(SQLModel, table=True):
     before: dict[str, Any] | None = Field(default=None, sa_column=sa.Column(JSONB))
     after: dict[str, Any] | None = Field(default=None, sa_column=sa.Column(JSONB))
     # Part of the key: the table is partitioned by month of it (migration 0023).
-    created_at: datetime | None = Field(
-        default=None,
-        sa_column=sa.Column(
-            sa.DateTime(timezone=True), primary_key=True, server_default=sa.func.now()
-        ),
-    )
+    created_at: datetime | None = month_key_field(default_now=True)

@@ -6,7 +6,7 @@ when the month left, and whether it is back for an audit (``restored_at``). The 
 own bookkeeping, over every tenant's rows: not per tenant.
 
 Revision ID: 0025
-Revises: 0023
+Revises: 0024
 Create Date: 2026-12-02 12:30:00
 
 """
@@ -19,7 +19,7 @@ import sqlalchemy as sa
 
 # revision identifiers, used by Alembic.
 revision: str = "0025"
-down_revision: Union[str, Sequence[str], None] = "0023"
+down_revision: Union[str, Sequence[str], None] = "0024"
 branch_labels: Union[str, Sequence[str], None] = None
 depends_on: Union[str, Sequence[str], None] = None
 

@@ -71,19 +71,38 @@ def test_the_migrated_tables_are_partitioned_by_month_three_months_ahead(conn):
         assert f"{table}_default" in made
         assert all(is_partition_of_monthly_table(p) for p in made)
     assert not is_partition_of_monthly_table("audit_log")
-    assert not is_partition_of_monthly_table("events_y2026m01")
+    assert not is_partition_of_monthly_table("runs_y2026m01")
+    assert not is_partition_of_monthly_table("event_keys")
+
+
+def test_each_table_is_partitioned_by_its_server_set_time(conn):
+    for table, column in MONTHLY_TABLES.items():
+        (key,) = conn.execute("SELECT pg_get_partkeydef(%s::regclass)", (table,)).fetchone()
+        assert key == f"RANGE ({column})"
+
+
+def test_every_partition_of_every_monthly_table_is_append_only(conn):
+    for table in MONTHLY_TABLES:
+        for partition in partitions(conn, table) | {table}:
+            (triggers,) = conn.execute(
+                "SELECT count(*) FROM pg_trigger WHERE tgrelid = %s::regclass "
+                "AND tgfoid = 'fairmeter_refuse_edit'::regproc",
+                (partition,),
+            ).fetchone()
+            assert triggers == 1, partition
 
 
 def test_the_beat_makes_what_is_missing_once_and_reports_what_exists(conn):
     later = NOW + timedelta(days=200)
     made = ensure_month_partitions(conn, later, ahead=3)
     first = month_start(later)
-    expected = [f"audit_log_y{m:%Y}m{m:%m}" for m in (months_after(first, i) for i in range(4))]
+    months = [months_after(first, i) for i in range(4)]
+    expected = [f"{t}_y{m:%Y}m{m:%m}" for t in MONTHLY_TABLES for m in months]
     assert [m.partition for m in made] == expected
     assert {m.outcome for m in made} == {"created"}
     again = ensure_month_partitions(conn, later, ahead=3)
     assert {m.outcome for m in again} == {"exists"}
-    assert set(expected) <= partitions(conn, "audit_log")
+    assert set(expected) <= set().union(*(partitions(conn, t) for t in MONTHLY_TABLES))
 
 
 def test_a_row_goes_to_the_partition_of_its_month_in_utc(conn):
@@ -98,7 +117,8 @@ def test_a_row_of_a_month_without_partition_is_kept_and_that_month_is_reported_b
     far = NOW + timedelta(days=5 * 365)
     assert audit_row(conn, far) == "audit_log_default"
     made = ensure_month_partitions(conn, far, ahead=1)
-    assert [m.outcome for m in made] == ["blocked", "created"]
+    assert [m.outcome for m in made if m.table == "audit_log"] == ["blocked", "created"]
+    assert {m.outcome for m in made if m.table != "audit_log"} == {"created"}
     assert conn.execute(
         "SELECT count(*) FROM audit_log WHERE created_at = %s", (far,)
     ).fetchone() == (1,)
