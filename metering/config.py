@@ -188,6 +188,9 @@ class Settings(BaseSettings):
     history_retention_months: int = Field(default=84, ge=1)
     archive_url: str | None = None
     archive_interval_s: float = 86400.0
+    # A month brought back with `fairmeter archive restore` stays this long for its audit
+    # before a run takes it out again (after checking it still equals its file).
+    archive_restore_keep_days: int = Field(default=30, ge=0)
     # How long a statement link support sends a customer opens the statement (issue #15).
     statement_link_ttl_s: int = 7 * 24 * 3600
 

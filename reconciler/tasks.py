@@ -106,6 +106,7 @@ ARCHIVE_LOG_LEVELS = {
     "held": logging.WARNING,
     "waiting": logging.INFO,
     "failed": logging.ERROR,
+    "restored": logging.INFO,
 }
 
 

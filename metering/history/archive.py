@@ -21,7 +21,7 @@ only once it equals its file; the file is not written again.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import date, datetime
+from datetime import date, datetime, timedelta
 from typing import Any, Final
 
 import psycopg
@@ -46,7 +46,9 @@ class MonthOutcome:
 
     table: str
     month: date
-    outcome: str  # archived, held (unsettled runs), failed (file or database disagree), waiting
+    # archived; held (unsettled runs); failed (file and database disagree); waiting (no
+    # archive_url); restored (back for an audit, kept archive_restore_keep_days)
+    outcome: str
     rows: int = 0
     detail: str = ""
 
@@ -73,20 +75,15 @@ def archive_history(engine: Engine, settings: Settings, now: datetime) -> Archiv
     which months wait (``waiting``), with their rows."""
     with raw_transaction(engine) as conn:
         due = due_partitions(db.monthly_partitions(conn), now, settings)
-    if settings.archive_url is None:
-        return ArchiveReport([_waiting(engine, p) for p in due])
+    if settings.archive_url is None:  # not counted: `fairmeter archive list` counts rows
+        return ArchiveReport([MonthOutcome(p.table, p.month, "waiting") for p in due])
     store = ArchiveStore(settings.archive_url)
+    keep = timedelta(days=settings.archive_restore_keep_days)
     try:
         with _exclusive(engine):
-            return ArchiveReport([archive_month(engine, store, p, now) for p in due])
+            return ArchiveReport([archive_month(engine, store, p, now, keep) for p in due])
     except ArchiveBusy:
         return ArchiveReport(busy=True)
-
-
-def _waiting(engine: Engine, partition: Partition) -> MonthOutcome:
-    with raw_transaction(engine) as conn:
-        rows = db.table_rows(conn, partition.name)
-    return MonthOutcome(partition.table, partition.month, "waiting", rows, "no archive_url")
 
 
 class _exclusive:
@@ -114,14 +111,24 @@ class _exclusive:
 
 
 def archive_month(
-    engine: Engine, store: ArchiveStore, partition: Partition, now: datetime
+    engine: Engine,
+    store: ArchiveStore,
+    partition: Partition,
+    now: datetime,
+    keep_restored: timedelta = timedelta(0),
 ) -> MonthOutcome:
-    """Steps 1 to 4 of the module's contract for one partition."""
+    """Steps 1 to 4 of the module's contract for one partition; a month restored less than
+    ``keep_restored`` ago stays for its audit."""
     table, month = partition.table, partition.month
     with raw_transaction(engine) as conn:
         cols = db.columns(conn, partition.name)
         holding = db.unsettled_runs(conn, partition, cols)
         record = db.archived_month(conn, table, month)
+    if record and record.restored_at and now < record.restored_at + keep_restored:
+        until = record.restored_at + keep_restored
+        return MonthOutcome(
+            table, month, "restored", detail=f"kept for its audit until {until:%Y-%m-%d}"
+        )
     if holding:
         return MonthOutcome(table, month, "held", detail=_runs_text(holding))
     try:
