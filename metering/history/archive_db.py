@@ -16,7 +16,7 @@ import psycopg
 from psycopg import sql
 from psycopg.types.string import TextLoader
 
-from metering.history.archive_files import Column
+from metering.history.archive_files import Column, column_digest
 from metering.history.archive_plan import Digest, Partition, month_of_bound
 
 # Types read as their PostgreSQL text (archive_files.py stores them so).
@@ -89,7 +89,7 @@ def stream_rows(
 def relation_digest(
     conn: psycopg.Connection[Any], relation: str, cols: Sequence[Column], batch_rows: int
 ) -> Digest:
-    digest = Digest()
+    digest = column_digest(cols)
     for batch in stream_rows(conn, relation, cols, batch_rows):
         digest.add(batch)
     return digest

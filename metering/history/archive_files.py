@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from metering.history.archive_plan import Digest, period_label
 
 FORMAT: Final = "fairmeter-archive/1"
-DIGEST_KIND: Final = "sum of sha256(typed row) mod 2^256"
+DIGEST_KIND: Final = "sum of sha256(repr(row), times as naive UTC) mod 2^256"
 
 _SCALARS: Final[dict[str, pa.DataType]] = {
     "bigint": pa.int64(),
@@ -70,6 +70,12 @@ def arrow_type(pg_type: str) -> pa.DataType:
         return _SCALARS[base]
     except KeyError:
         raise ArchiveFileError(f"no exact Parquet type for PostgreSQL {pg_type}") from None
+
+
+def column_digest(columns: Sequence[Column]) -> Digest:
+    """An empty digest that knows which columns may hold times (timestamps, arrays)."""
+    recast = [i for i, c in enumerate(columns) if "time" in c.pg_type or c.pg_type.endswith("[]")]
+    return Digest(recast=recast)
 
 
 def arrow_schema(columns: Sequence[Column]) -> pa.Schema:
@@ -157,7 +163,7 @@ class ArchiveStore:
     ) -> Manifest:
         """Write the rows, then the manifest, each under a temporary name moved into place."""
         schema = arrow_schema(columns)
-        digest = Digest()
+        digest = column_digest(columns)
         self.fs.makedirs(f"{self.root}/{table}", exist_ok=True)
         final = self._path(table, month, "parquet")
         partial = f"{final}.partial-{uuid.uuid4().hex}"
@@ -197,7 +203,7 @@ class ArchiveStore:
 
     def digest(self, manifest: Manifest) -> Digest:
         """Read the whole file back and digest it as the database's rows are."""
-        digest = Digest()
+        digest = column_digest(manifest.columns)
         for batch in self.read(manifest):
             digest.add(batch)
         return digest

@@ -7,9 +7,10 @@ Stripe deliveries, audit log) after ``history_retention_months`` (84, seven year
 the settings do not name keeps the longer one.
 
 The digest proves a file holds exactly the rows of a partition: every column of every row
-is encoded with its type (a NULL, ``''`` and ``'null'`` differ; an array keeps its order
-and its NULL elements), hashed, and the row hashes are added modulo 2**256, so the digest
-does not depend on the order rows are read in, and equal rows counted twice still count.
+is written out with its type (``repr``: a NULL, ``''`` and ``'null'`` differ; an array keeps
+its order and its NULL elements; a time is its UTC instant), hashed, and the row hashes are
+added modulo 2**256, so the digest does not depend on the order rows are read in, and equal
+rows counted twice still count.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
-from decimal import Decimal
 from typing import Any, Final
 
 from metering.config import Settings
@@ -110,52 +110,41 @@ def due_partitions(
 # --- the digest -------------------------------------------------------------------------------
 
 
-def _encode(value: Any) -> bytes:
-    """One value, tagged with its kind and length-prefixed, so no two values collide."""
-    if value is None:
-        return b"N"
-    if isinstance(value, bool):
-        return b"T" if value else b"F"
-    if isinstance(value, int):
-        return _tagged(b"i", str(value).encode())
-    if isinstance(value, str):
-        return _tagged(b"s", value.encode())
-    if isinstance(value, bytes | bytearray | memoryview):
-        return _tagged(b"b", bytes(value))
-    if isinstance(value, datetime):
-        if value.tzinfo is None:
-            raise TypeError("a naive timestamp cannot be digested: times are UTC")
-        return _tagged(b"t", value.astimezone(UTC).isoformat(timespec="microseconds").encode())
-    if isinstance(value, date):
-        return _tagged(b"d", value.isoformat().encode())
-    if isinstance(value, float):
-        return _tagged(b"f", value.hex().encode())
-    if isinstance(value, Decimal):
-        return _tagged(b"n", str(value).encode())
-    if isinstance(value, list | tuple):
-        return _tagged(b"l", b"".join(_encode(item) for item in value))
-    raise TypeError(f"cannot digest a {type(value).__name__}")
+def _canonical(value: Any) -> Any:
+    """A time as naive UTC (the same instant reads back with another tzinfo object)."""
+    if type(value) is datetime and value.tzinfo is not None:
+        return value.astimezone(UTC).replace(tzinfo=None)
+    if type(value) is list:
+        return [_canonical(item) for item in value]
+    return value
 
 
-def _tagged(tag: bytes, payload: bytes) -> bytes:
-    return tag + str(len(payload)).encode() + b":" + payload
-
-
-def row_hash(row: Sequence[Any]) -> int:
-    return int.from_bytes(hashlib.sha256(_encode(list(row))).digest(), "big")
+def row_hash(row: Sequence[Any], recast: Sequence[int] | None = None) -> int:
+    """SHA-256 of the row's ``repr``: unambiguous for the values a row holds (None, bool,
+    int, str, bytes, Decimal, date, times, lists), each with its type (NULL, ``''`` and
+    ``'null'`` differ, as do ``true`` and ``1``, ``1.5`` and ``1.50``). ``recast``: the
+    positions that may hold times (all, when not given); the rest is hashed as it is."""
+    values = list(row)
+    for index in range(len(values)) if recast is None else recast:
+        values[index] = _canonical(values[index])
+    return int.from_bytes(hashlib.sha256(repr(values).encode()).digest(), "big")
 
 
 @dataclass(slots=True)
 class Digest:
-    """Rows seen and their order-independent digest, fed batch by batch."""
+    """Rows seen and their order-independent digest, fed batch by batch. ``recast``: the
+    positions of columns that may hold times (timestamps, arrays), to spare the others."""
 
+    recast: Sequence[int] | None = None
     rows: int = 0
     total: int = 0
 
     def add(self, rows: Iterable[Sequence[Any]]) -> None:
+        total, recast = self.total, self.recast
         for row in rows:
             self.rows += 1
-            self.total = (self.total + row_hash(row)) % _DIGEST_MODULUS
+            total += row_hash(row, recast)
+        self.total = total % _DIGEST_MODULUS
 
     @property
     def hex(self) -> str:
