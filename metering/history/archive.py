@@ -73,17 +73,23 @@ class ArchiveBusy(Exception):
 def archive_history(engine: Engine, settings: Settings, now: datetime) -> ArchiveReport:
     """Archive every month past retention that can be; without ``archive_url``, only say
     which months wait (``waiting``), with their rows."""
-    with raw_transaction(engine) as conn:
-        due = due_partitions(db.monthly_partitions(conn), now, settings)
     if settings.archive_url is None:  # not counted: `fairmeter archive list` counts rows
-        return ArchiveReport([MonthOutcome(p.table, p.month, "waiting") for p in due])
+        return ArchiveReport(
+            [MonthOutcome(p.table, p.month, "waiting") for p in _due(engine, settings, now)]
+        )
     store = ArchiveStore(settings.archive_url)
     keep = timedelta(days=settings.archive_restore_keep_days)
     try:
-        with _exclusive(engine):
+        with _exclusive(engine):  # listed under the lock: no other run drops one meanwhile
+            due = _due(engine, settings, now)
             return ArchiveReport([archive_month(engine, store, p, now, keep) for p in due])
     except ArchiveBusy:
         return ArchiveReport(busy=True)
+
+
+def _due(engine: Engine, settings: Settings, now: datetime) -> list[Partition]:
+    with raw_transaction(engine) as conn:
+        return due_partitions(db.monthly_partitions(conn), now, settings)
 
 
 class _exclusive:

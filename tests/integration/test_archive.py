@@ -370,3 +370,20 @@ def test_the_beat_asks_a_worker_to_archive_every_interval(settings):
     entry = celery_app.conf.beat_schedule["archive-history"]
     assert entry["task"] == "fairmeter.archive_history" in celery_app.tasks
     assert entry["schedule"] == settings.archive_interval_s == 86400
+
+
+def test_a_second_run_while_one_is_under_way_does_nothing(engine, db, arch):
+    from metering.history.archive import ADVISORY_LOCK
+
+    make_months(db, OLD)
+    audit_rows(db, OLD)
+    db.execute("SELECT pg_advisory_lock(%s)", (ADVISORY_LOCK,))  # the run under way
+    try:
+        report = archive_history(engine, arch, NOW)
+    finally:
+        db.execute("SELECT pg_advisory_unlock(%s)", (ADVISORY_LOCK,))
+    assert report.busy and report.outcomes == []
+    assert exists(db, partition("audit_log", OLD_MONTH))
+    assert outcomes(archive_history(engine, arch, NOW))[("audit_log", period_label(OLD_MONTH))] == (
+        "archived"
+    )
