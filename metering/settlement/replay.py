@@ -223,11 +223,15 @@ WHERE u.run_id = ANY(%(ids)s)
 # A usage line's name ("source/id" of its event) is cited only as evidence, which the
 # candidate's decision is not asked for; looking it up costs a probe of the events' primary
 # key per line, so only the runs checked against their stored decision are read with it.
+# The line's received_at is its event's: the probe reads that month's partition only. A
+# line whose month of raw events was archived keeps its place, without a name.
 REPLAY_USAGE_NAMED = """
-SELECT u.run_id, u.id, e.source || '/' || e.event_id, u.step, u.attempt, u.tool_call_id,
-       u.replay, u.gross_micros, u.time, u.model, u.input_tokens, u.cached_input_tokens,
-       u.output_tokens
-FROM usage_lines u JOIN events e ON e.id = u.event_pk
+SELECT u.run_id, u.id, coalesce(e.source || '/' || e.event_id, ''), u.step, u.attempt,
+       u.tool_call_id, u.replay, u.gross_micros, u.time, u.model, u.input_tokens,
+       u.cached_input_tokens, u.output_tokens
+FROM usage_lines u
+LEFT JOIN events e
+       ON e.id = u.event_pk AND e.tenant_id = u.tenant_id AND e.received_at = u.received_at
 WHERE u.run_id = ANY(%(ids)s)
 """
 

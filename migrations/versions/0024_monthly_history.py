@@ -24,7 +24,8 @@ line and hold in one statement. Keys into ``runs``, ``stripe_outbox`` and ``tena
 ``usage_lines`` gains ``received_at`` (its event's), its partition key.
 
 Rows are copied into the partitioned tables under ACCESS EXCLUSIVE locks: on a large
-database plan a window (the copy of 10 M events takes minutes). Each table's months get a
+database plan a window (1 M events with their lines and holds took 96 s on a loaded
+2-core host). Each table's months get a
 partition from its oldest row to three months ahead, and a DEFAULT partition.
 
 Revision ID: 0024
