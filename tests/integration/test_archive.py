@@ -387,3 +387,15 @@ def test_a_second_run_while_one_is_under_way_does_nothing(engine, db, arch):
     assert outcomes(archive_history(engine, arch, NOW))[("audit_log", period_label(OLD_MONTH))] == (
         "archived"
     )
+
+
+def test_the_cli_without_an_archive_url_says_how_many_months_wait(db, cli, monkeypatch):
+    make_months(db, OLD)
+    audit_rows(db, OLD)
+    monkeypatch.delenv("FAIRMETER_ARCHIVE_URL")
+    load_cli_settings.cache_clear()
+    result = cli("run")
+    assert result.exit_code == 0
+    assert f"audit_log {period_label(OLD_MONTH)} waiting" in result.output
+    assert "month(s) past retention wait in the database" in result.output
+    assert exists(db, partition("audit_log", OLD_MONTH))
