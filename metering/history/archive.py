@@ -32,7 +32,12 @@ from metering.db import raw_transaction
 from metering.errors import MeteringError
 from metering.history import archive_db as db
 from metering.history.archive_files import ArchiveFileError, ArchiveStore, Column, Manifest
-from metering.history.archive_plan import Partition, due_partitions, period_label
+from metering.history.archive_plan import (
+    Partition,
+    due_partitions,
+    kept_for_audit,
+    period_label,
+)
 
 BATCH_ROWS: Final = 20_000
 LOCK_TIMEOUT_S: Final = 10
@@ -72,7 +77,7 @@ class ArchiveBusy(Exception):
 
 def archive_history(engine: Engine, settings: Settings, now: datetime) -> ArchiveReport:
     """Archive every month past retention that can be; without ``archive_url``, only say
-    which months wait (``waiting``), with their rows."""
+    which months wait (``waiting``; their rows are not counted here)."""
     if settings.archive_url is None:  # not counted: `fairmeter archive list` counts rows
         return ArchiveReport(
             [MonthOutcome(p.table, p.month, "waiting") for p in _due(engine, settings, now)]
@@ -130,8 +135,7 @@ def archive_month(
         cols = db.columns(conn, partition.name)
         holding = db.unsettled_runs(conn, partition, cols)
         record = db.archived_month(conn, table, month)
-    if record and record.restored_at and now < record.restored_at + keep_restored:
-        until = record.restored_at + keep_restored
+    if until := kept_for_audit(record.restored_at if record else None, now, keep_restored):
         return MonthOutcome(
             table, month, "restored", detail=f"kept for its audit until {until:%Y-%m-%d}"
         )

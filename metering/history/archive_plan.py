@@ -107,6 +107,14 @@ def due_partitions(
     return sorted(due, key=lambda p: (p.month, p.table))
 
 
+def kept_for_audit(restored_at: datetime | None, now: datetime, keep: timedelta) -> datetime | None:
+    """Until when a month restored at ``restored_at`` stays in the database for its audit;
+    ``None`` when it is not restored, or its time is up (it may leave again)."""
+    if restored_at is None or now >= restored_at + keep:
+        return None
+    return restored_at + keep
+
+
 # --- the digest -------------------------------------------------------------------------------
 
 

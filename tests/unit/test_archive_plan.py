@@ -17,6 +17,7 @@ from metering.history.archive_plan import (
     Partition,
     PeriodError,
     due_partitions,
+    kept_for_audit,
     month_of_bound,
     months_before,
     parse_period,
@@ -141,3 +142,11 @@ def test_the_digest_ignores_order_but_counts_repeats(rows, random):
     assert digest_of(rows) == digest_of(shuffled)
     if rows:
         assert digest_of(rows + rows[:1]) != digest_of(rows)
+
+
+def test_a_restored_month_is_kept_for_its_audit_then_may_leave():
+    restored = datetime(2026, 12, 2, 9, tzinfo=UTC)
+    keep = timedelta(days=30)
+    assert kept_for_audit(restored, restored + timedelta(days=29), keep) == restored + keep
+    assert kept_for_audit(restored, restored + keep, keep) is None
+    assert kept_for_audit(None, restored, keep) is None
