@@ -98,13 +98,12 @@ def relation_digest(
 def lock_partition(
     conn: psycopg.Connection[Any], partition: Partition, lock_timeout_s: int
 ) -> None:
-    """Hold the partition against any change until the transaction ends. Detaching takes
-    the parent's ACCESS EXCLUSIVE lock too: waiting for it is bounded, so the archive never
+    """Hold the partition against any change until the transaction ends; readers (a
+    statement of an old month, a replay) still read it while it is compared. Detaching then
+    takes the parent's ACCESS EXCLUSIVE lock: waiting for it is bounded, so the archive never
     queues writers behind itself for long; it tries again next time."""
     conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{lock_timeout_s}s")))
-    conn.execute(
-        sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(sql.Identifier(partition.name))
-    )
+    conn.execute(sql.SQL("LOCK TABLE {} IN SHARE MODE").format(sql.Identifier(partition.name)))
 
 
 def drop_partition(conn: psycopg.Connection[Any], partition: Partition) -> None:
