@@ -23,6 +23,12 @@ line and hold in one statement. Keys into ``runs``, ``stripe_outbox`` and ``tena
 
 ``usage_lines`` gains ``received_at`` (its event's), its partition key.
 
+``fairmeter_ensure_month_partitions`` runs as its owner from now on (SECURITY DEFINER, with
+a fixed search_path): only a table's owner may add a partition to it, and the beat that
+makes next months' partitions connects as the application role, which owns nothing
+(docs/deploy/init-app-role.sql). It can only add empty monthly partitions to the
+partitioned tables; dropping one still needs the owner.
+
 Rows are copied into the partitioned tables under ACCESS EXCLUSIVE locks: on a large
 database plan a window (1 M events with their lines and holds took 96 s on a loaded
 2-core host). Each table's months get a
@@ -205,8 +211,12 @@ def _finish(table: str, layout: Layout, old: str) -> None:
     )
 
 
+ENSURE = "fairmeter_ensure_month_partitions(regclass, date, date)"
+
+
 def upgrade() -> None:
     """Upgrade schema."""
+    op.execute(f"ALTER FUNCTION {ENSURE} SECURITY DEFINER SET search_path = public, pg_temp")
     for table in ORDER:
         op.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
     old = {table: _set_aside(table) for table in reversed(ORDER)}
@@ -253,6 +263,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     """Downgrade schema: plain tables again, every row kept (events archived meanwhile are
     not brought back: restore them first)."""
+    op.execute(f"ALTER FUNCTION {ENSURE} SECURITY INVOKER RESET search_path")
     op.execute("DROP TABLE stripe_delivery_keys")
     op.execute("DROP TABLE event_keys")
     for table in ORDER:

@@ -183,7 +183,9 @@ def _snapshot(db: Any) -> tuple[Any, ...]:
 
 def _truncate(engine: Any) -> None:
     with raw_transaction(engine) as conn:
-        conn.execute("TRUNCATE ledger_entries, usage_lines, events, runs, customers CASCADE")
+        conn.execute(
+            "TRUNCATE ledger_entries, usage_lines, events, event_keys, runs, customers CASCADE"
+        )
 
 
 @hypothesis_settings(

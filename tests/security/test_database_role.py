@@ -131,6 +131,25 @@ def test_the_app_role_is_no_superuser_and_owns_nothing(db, app_role):
         ]
 
 
+def test_the_app_role_makes_next_months_partitions_but_cannot_drop_one(db, app_role):
+    """The beat connects as the app role; only an owner may add a partition, so the function
+    that makes them runs as its owner. Dropping history still needs the owner."""
+    _, url = app_role
+    with psycopg.connect(url) as conn:
+        made = conn.execute(
+            "SELECT * FROM fairmeter_ensure_month_partitions('events', %s, %s)",
+            (datetime(2061, 3, 1).date(), datetime(2061, 3, 1).date()),
+        ).fetchall()
+        assert made == [("events_y2061m03", "created")]
+        assert refused(conn, "DROP TABLE events_y2061m03") is psycopg.errors.InsufficientPrivilege
+        assert (
+            refused(conn, "ALTER TABLE events DETACH PARTITION events_y2061m03")
+            is psycopg.errors.InsufficientPrivilege
+        )
+        assert refused(conn, "CREATE TABLE mine (x int)") is psycopg.errors.InsufficientPrivilege
+        conn.rollback()
+
+
 def test_the_api_works_as_the_app_role_which_cannot_touch_the_ledgers_guards(
     settings, make_key, db, app_role, tmp_path
 ):
