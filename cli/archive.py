@@ -8,8 +8,13 @@ from datetime import UTC, datetime
 import click
 
 from metering.config import load_cli_settings
-from metering.db import create_db_engine
-from metering.history.archive import ArchiveError, archive_history, archive_listing, restore_month
+from metering.history.archive import (
+    ArchiveError,
+    archive_engine,
+    archive_history,
+    archive_listing,
+    restore_month,
+)
 from metering.history.archive_plan import PeriodError, parse_period, period_label
 
 
@@ -22,7 +27,7 @@ def archive() -> None:
 def archive_run() -> None:
     """Archive now what the beat would: every month past retention that can leave."""
     settings = load_cli_settings()
-    report = archive_history(create_db_engine(settings), settings, datetime.now(UTC))
+    report = archive_history(archive_engine(settings), settings, datetime.now(UTC))
     if report.busy:
         raise click.ClickException("another archive run is under way; nothing done")
     for o in report.outcomes:
@@ -47,7 +52,7 @@ def archive_run() -> None:
 def archive_list() -> None:
     """Months in the archive, and months past retention still in the database."""
     settings = load_cli_settings()
-    listing = archive_listing(create_db_engine(settings), settings, datetime.now(UTC))
+    listing = archive_listing(archive_engine(settings), settings, datetime.now(UTC))
     click.echo("archived:")
     for a in listing.archived:
         state = f"restored {a.restored_at:%Y-%m-%d %H:%M}" if a.restored_at else "archived"
@@ -65,9 +70,7 @@ def archive_restore(period: str, table: str) -> None:
     settings = load_cli_settings()
     try:
         month = parse_period(period)
-        record = restore_month(
-            create_db_engine(settings), settings, table, month, datetime.now(UTC)
-        )
+        record = restore_month(archive_engine(settings), settings, table, month, datetime.now(UTC))
     except (PeriodError, ArchiveError) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"{table} {period_label(month)} restored: {record.rows} row(s) from {record.url}")

@@ -188,6 +188,11 @@ class Settings(BaseSettings):
     history_retention_months: int = Field(default=84, ge=1)
     archive_url: str | None = None
     archive_interval_s: float = 86400.0
+    # Detaching and dropping a partition needs the tables' owner (the role the migrations
+    # ran as), which the application role is not (docs/deploy/init-app-role.sql): the archive
+    # connects here. None: database_url (enough where the application is the owner, as in
+    # `make up`; elsewhere months are written and verified but reported failed, not dropped).
+    archive_database_url: str | None = None
     # A month brought back with `fairmeter archive restore` stays this long for its audit
     # before a run takes it out again (after checking it still equals its file).
     archive_restore_keep_days: int = Field(default=30, ge=0)

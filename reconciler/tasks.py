@@ -13,7 +13,7 @@ from celery import Task
 
 from metering.billing import service as billing
 from metering.db import raw_transaction
-from metering.history.archive import archive_history
+from metering.history.archive import archive_engine, archive_history
 from metering.history.partitions import ensure_month_partitions
 from metering.settlement.runner import claim_due_chunks, now_utc, settle_chunk
 from metering.statements.closing import close_due_statements
@@ -89,7 +89,11 @@ def ensure_partitions() -> int:
 @app.task(name="fairmeter.archive_history", soft_time_limit=6 * 3600, time_limit=6 * 3600 + 60)
 def archive_history_task() -> int:
     """Daily: archive the months past retention (metering/history/archive.py)."""
-    report = archive_history(engine(), settings(), datetime.now(UTC))
+    archive_db = archive_engine(settings())  # as the tables' owner, when configured
+    try:
+        report = archive_history(archive_db, settings(), datetime.now(UTC))
+    finally:
+        archive_db.dispose()
     for o in report.outcomes:
         log.log(
             ARCHIVE_LOG_LEVELS[o.outcome],

@@ -28,7 +28,7 @@ import psycopg
 from sqlalchemy.engine import Engine
 
 from metering.config import Settings
-from metering.db import raw_transaction
+from metering.db import create_db_engine, raw_transaction
 from metering.errors import MeteringError
 from metering.history import archive_db as db
 from metering.history.archive_files import ArchiveFileError, ArchiveStore, Column, Manifest
@@ -73,6 +73,13 @@ class ArchiveReport:
 
 class ArchiveBusy(Exception):
     """Another archive run is under way."""
+
+
+def archive_engine(settings: Settings) -> Engine:
+    """The archive's own connections: as the tables' owner when ``archive_database_url``
+    names it (only the owner may detach and drop a partition)."""
+    url = settings.archive_database_url or settings.database_url
+    return create_db_engine(settings.model_copy(update={"database_url": url, "db_pool_size": 2}))
 
 
 def archive_history(engine: Engine, settings: Settings, now: datetime) -> ArchiveReport:
@@ -201,6 +208,12 @@ def _verify_and_drop(
             db.record_archived(conn, _record(store, manifest, now))
     except psycopg.errors.LockNotAvailable:
         return _failed(partition, "the table stayed locked by others; tried again next run")
+    except psycopg.errors.InsufficientPrivilege:
+        return _failed(
+            partition,
+            "verified, but this database role may not detach or drop partitions (only the "
+            "tables' owner may): set FAIRMETER_ARCHIVE_DATABASE_URL to the owner's",
+        )
     except psycopg.errors.ForeignKeyViolation as exc:  # rows of another table still point here
         return _failed(partition, f"cannot be detached: {exc.diag.message_primary}")
     return MonthOutcome(partition.table, partition.month, "archived", manifest.rows)

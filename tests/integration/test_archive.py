@@ -21,10 +21,16 @@ from psycopg import sql
 from cli.main import main
 from metering.config import Settings, load_cli_settings
 from metering.history import archive_db
-from metering.history.archive import archive_history, archive_listing, restore_month
+from metering.history.archive import (
+    archive_engine,
+    archive_history,
+    archive_listing,
+    restore_month,
+)
 from metering.history.archive_files import ArchiveStore
 from metering.history.archive_plan import months_before, period_label
 from metering.history.partitions import month_start, months_after
+from tests.security.test_database_role import app_role  # noqa: F401  (the role, as deployed)
 
 NOW = datetime.now(UTC)
 OLD = months_before(NOW, 15).replace(hour=12)  # mid-month, far past 13 months
@@ -399,3 +405,34 @@ def test_the_cli_without_an_archive_url_says_how_many_months_wait(db, cli, monke
     assert f"audit_log {period_label(OLD_MONTH)} waiting" in result.output
     assert "month(s) past retention wait in the database" in result.output
     assert exists(db, partition("audit_log", OLD_MONTH))
+
+
+# --- the application role, which owns nothing (docs/deploy/init-app-role.sql) ------------------
+
+
+def test_the_app_role_verifies_but_only_the_owner_drops(engine, db, arch, app_role):  # noqa: F811
+    make_months(db, OLD)
+    audit_rows(db, OLD)
+    _, app_url = app_role
+    as_app = arch.model_copy(update={"database_url": app_url})
+    app_engine = archive_engine(as_app)
+    try:
+        report = archive_history(app_engine, as_app, NOW)
+    finally:
+        app_engine.dispose()
+    (outcome,) = [o for o in report.outcomes if o.table == "audit_log"]
+    assert outcome.outcome == "failed" and "FAIRMETER_ARCHIVE_DATABASE_URL" in outcome.detail
+    assert exists(db, partition("audit_log", OLD_MONTH))
+
+    owner = as_app.model_copy(update={"archive_database_url": arch.database_url})
+    owner_engine = archive_engine(owner)
+    try:  # the file written as the app role is verified and the month dropped by the owner
+        report = archive_history(owner_engine, owner, NOW)
+        assert outcomes(report)[("audit_log", period_label(OLD_MONTH))] == "archived"
+        # and the app role may bring it back: the partition function runs as its owner
+        app_engine = archive_engine(as_app)
+        restore_month(app_engine, as_app, "audit_log", OLD_MONTH, NOW)
+        app_engine.dispose()
+    finally:
+        owner_engine.dispose()
+    assert len(rows_of(db, partition("audit_log", OLD_MONTH))) == 3
