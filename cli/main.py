@@ -13,6 +13,7 @@ import sys
 
 import click
 
+from cli.archive import archive
 from cli.billing import stripe
 from cli.keys import keys
 from cli.operations import costs, db, prices, serve, settle
@@ -58,6 +59,7 @@ def main() -> None:
 
 
 for command in (
+    archive,
     keys,
     prices,
     costs,

@@ -178,6 +178,24 @@ class Settings(BaseSettings):
     # many months ahead, checked this often (each check creates only what is missing).
     partitions_ahead_months: int = Field(default=3, ge=1, le=24)
     partitions_interval_s: float = 3600.0
+    # Retention (issue #18, metering/history/archive.py): a month of raw events leaves the
+    # database once the whole month ended this many months ago, every other monthly table
+    # (ledger, decisions, usage lines, Stripe deliveries, audit log) after the second, seven
+    # years. It goes to Parquet files under ``archive_url`` (a directory or any fsspec URL:
+    # ``file:///…``, ``s3://bucket/prefix``); None: nothing is archived, and each run warns
+    # how many months wait. The beat runs the archive every ``archive_interval_s``.
+    events_retention_months: int = Field(default=13, ge=1)
+    history_retention_months: int = Field(default=84, ge=1)
+    archive_url: str | None = None
+    archive_interval_s: float = 86400.0
+    # Detaching and dropping a partition needs the tables' owner (the role the migrations
+    # ran as), which the application role is not (docs/deploy/init-app-role.sql): the archive
+    # connects here. None: database_url (enough where the application is the owner, as in
+    # `make up`; elsewhere months are written and verified but reported failed, not dropped).
+    archive_database_url: str | None = None
+    # A month brought back with `fairmeter archive restore` stays this long for its audit
+    # before a run takes it out again (after checking it still equals its file).
+    archive_restore_keep_days: int = Field(default=30, ge=0)
     # How long a statement link support sends a customer opens the statement (issue #15).
     statement_link_ttl_s: int = 7 * 24 * 3600
 

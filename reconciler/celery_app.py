@@ -78,6 +78,11 @@ def create_celery(settings: Settings | None = None) -> Celery:
                 "schedule": settings.partitions_interval_s,
                 "options": {"expires": settings.partitions_interval_s},
             },
+            "archive-history": {
+                "task": "fairmeter.archive_history",
+                "schedule": settings.archive_interval_s,
+                "options": {"expires": settings.archive_interval_s},
+            },
         },
     )
     app.conf.update(broker_conf(settings))

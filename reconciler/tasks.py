@@ -13,6 +13,7 @@ from celery import Task
 
 from metering.billing import service as billing
 from metering.db import raw_transaction
+from metering.history.archive import archive_engine, archive_history
 from metering.history.partitions import ensure_month_partitions
 from metering.settlement.runner import claim_due_chunks, now_utc, settle_chunk
 from metering.statements.closing import close_due_statements
@@ -81,6 +82,36 @@ def ensure_partitions() -> int:
             extra={"table": blocked.table, "partition": blocked.partition},
         )
     return sum(m.outcome == "created" for m in made)
+
+
+# An archive run reads and writes whole months: far longer than the default limits. A
+# redelivered or second run finds the advisory lock taken and returns at once.
+@app.task(name="fairmeter.archive_history", soft_time_limit=6 * 3600, time_limit=6 * 3600 + 60)
+def archive_history_task() -> int:
+    """Daily: archive the months past retention (metering/history/archive.py)."""
+    archive_db = archive_engine(settings())  # as the tables' owner, when configured
+    try:
+        report = archive_history(archive_db, settings(), datetime.now(UTC))
+    finally:
+        archive_db.dispose()
+    for o in report.outcomes:
+        log.log(
+            ARCHIVE_LOG_LEVELS[o.outcome],
+            f"archive: {o.table} {o.period} {o.outcome}",
+            extra={"table": o.table, "month": o.period, "rows": o.rows, "detail": o.detail},
+        )
+    if waiting := report.count("waiting"):
+        log.warning("%d month(s) past retention wait: set FAIRMETER_ARCHIVE_URL", waiting)
+    return report.count("archived")
+
+
+ARCHIVE_LOG_LEVELS = {
+    "archived": logging.INFO,
+    "held": logging.WARNING,
+    "waiting": logging.INFO,
+    "failed": logging.ERROR,
+    "restored": logging.INFO,
+}
 
 
 @app.task(name="fairmeter.check_stripe_drift")

@@ -16,6 +16,7 @@ from metering.models.billing import (
 )
 from metering.models.catalog import PriceRow, ProviderCostRow
 from metering.models.events import EventKeyRow, EventRow, RunRow, UsageLineRow
+from metering.models.history import ArchivedMonthRow
 from metering.models.ledger import LedgerEntryRow
 from metering.models.notifications import NotificationRow
 from metering.models.policies import PolicyVersionRow
@@ -32,6 +33,7 @@ from metering.models.webhooks import (
 
 __all__ = [
     "ApiKeyRow",
+    "ArchivedMonthRow",
     "AuditRow",
     "ConsoleSessionRow",
     "CustomerRow",

@@ -35,6 +35,10 @@ RUNTIME_ALLOW_LIST = frozenset(
         "click-repl",
         "colorama",
         "faker",
+        # The archive of months past retention (issue #18): fsspec reaches the archive URL (a
+        # directory, file://, s3:// with s3fs installed beside it), pyarrow writes and reads
+        # the Parquet files. pyarrow needs no numpy for what the archive does.
+        "fsspec",
         "h11",
         "httpcore",
         "httptools",
@@ -65,6 +69,7 @@ RUNTIME_ALLOW_LIST = frozenset(
         "psycopg",
         "psycopg-binary",
         "psycopg-pool",
+        "pyarrow",
         "pydantic",
         "pydantic-core",
         "pydantic-settings",

@@ -31,6 +31,10 @@ ALLOW_LIST = {
         "mirror of the platform Stripe account's invoices, keyed by Stripe's invoice id and "
         "written from Stripe's webhooks, which name a Stripe customer, not a tenant"
     ),
+    "archived_months": (
+        "the archive's bookkeeping: one row per monthly table and month, whose partition held "
+        "every tenant's rows of that month; coordination state, not one tenant's data"
+    ),
     "stripe_closed_periods": (
         "mirror of the platform Stripe account's finalized invoice periods, keyed by "
         "Stripe's invoice id (as stripe_invoices)"

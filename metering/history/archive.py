@@ -1,0 +1,318 @@
+"""Old months leave the database for Parquet files, and come back for an audit (issue #18).
+
+A month of a monthly table is archived once its whole month is past its table's retention
+(``archive_plan.py``), in this order, each step re-checked on every run:
+
+1. every run with rows in the month is settled and not parked; else the month waits, and
+   the report names the runs that hold it;
+2. the month's rows are written to the archive (``archive_files.py``), unless a complete file
+   (its manifest) is there already;
+3. the file is read back and its rows and digest must equal its manifest's;
+4. in one transaction: the partition is locked, its rows and digest must equal the file's,
+   then it is detached and dropped and the month recorded in ``archived_months``.
+
+A crash anywhere leaves the partition in place; the next run finds the file, verifies it
+and finishes. A file that disagrees with the database is never trusted and never replaced
+by the archive: the month is reported and stays. ``event_keys`` is not monthly, so a
+re-sent event of an archived month is still a duplicate. A restored month is dropped again
+only once it equals its file; the file is not written again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import date, datetime, timedelta
+from typing import Any, Final
+
+import psycopg
+from sqlalchemy.engine import Engine
+
+from metering.config import Settings
+from metering.db import create_db_engine, raw_transaction
+from metering.errors import MeteringError
+from metering.history import archive_db as db
+from metering.history.archive_files import ArchiveFileError, ArchiveStore, Column, Manifest
+from metering.history.archive_plan import (
+    Partition,
+    due_partitions,
+    kept_for_audit,
+    period_label,
+)
+
+BATCH_ROWS: Final = 20_000
+LOCK_TIMEOUT_S: Final = 10
+# One archive run at a time, whoever starts it (the beat, `fairmeter archive run`).
+ADVISORY_LOCK: Final = 0x66_61_69_72_61_72_63_68  # "fairarch"
+
+
+@dataclass(frozen=True, slots=True)
+class MonthOutcome:
+    """What a run did with one month of one table."""
+
+    table: str
+    month: date
+    # archived; held (unsettled runs); failed (file and database disagree); waiting (no
+    # archive_url); restored (back for an audit, kept archive_restore_keep_days)
+    outcome: str
+    rows: int = 0
+    detail: str = ""
+
+    @property
+    def period(self) -> str:
+        return period_label(self.month)
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveReport:
+    outcomes: list[MonthOutcome] = field(default_factory=list)
+    busy: bool = False  # another archive run holds the lock
+
+    def count(self, outcome: str) -> int:
+        return sum(o.outcome == outcome for o in self.outcomes)
+
+
+class ArchiveBusy(Exception):
+    """Another archive run is under way."""
+
+
+def archive_engine(settings: Settings) -> Engine:
+    """The archive's own connections: as the tables' owner when ``archive_database_url``
+    names it (only the owner may detach and drop a partition)."""
+    url = settings.archive_database_url or settings.database_url
+    return create_db_engine(settings.model_copy(update={"database_url": url, "db_pool_size": 2}))
+
+
+def archive_history(engine: Engine, settings: Settings, now: datetime) -> ArchiveReport:
+    """Archive every month past retention that can be; without ``archive_url``, only say
+    which months wait (``waiting``; their rows are not counted here)."""
+    if settings.archive_url is None:  # not counted: `fairmeter archive list` counts rows
+        return ArchiveReport(
+            [MonthOutcome(p.table, p.month, "waiting") for p in _due(engine, settings, now)]
+        )
+    store = ArchiveStore(settings.archive_url)
+    keep = timedelta(days=settings.archive_restore_keep_days)
+    try:
+        with _exclusive(engine):  # listed under the lock: no other run drops one meanwhile
+            due = _due(engine, settings, now)
+            return ArchiveReport([archive_month(engine, store, p, now, keep) for p in due])
+    except ArchiveBusy:
+        return ArchiveReport(busy=True)
+
+
+def _due(engine: Engine, settings: Settings, now: datetime) -> list[Partition]:
+    with raw_transaction(engine) as conn:
+        return due_partitions(db.monthly_partitions(conn), now, settings)
+
+
+class _exclusive:
+    """A session advisory lock on a connection of its own, held for the whole run."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.connection = engine.raw_connection()
+
+    def __enter__(self) -> None:
+        driver = self.connection.driver_connection
+        assert isinstance(driver, psycopg.Connection)
+        self.driver: psycopg.Connection[Any] = driver
+        row = driver.execute("SELECT pg_try_advisory_lock(%s)", (ADVISORY_LOCK,)).fetchone()
+        driver.commit()
+        if not row or not row[0]:
+            self.connection.close()
+            raise ArchiveBusy
+
+    def __exit__(self, *_: object) -> None:
+        try:
+            self.driver.execute("SELECT pg_advisory_unlock(%s)", (ADVISORY_LOCK,))
+            self.driver.commit()
+        finally:
+            self.connection.close()
+
+
+def archive_month(
+    engine: Engine,
+    store: ArchiveStore,
+    partition: Partition,
+    now: datetime,
+    keep_restored: timedelta = timedelta(0),
+) -> MonthOutcome:
+    """Steps 1 to 4 of the module's contract for one partition; a month restored less than
+    ``keep_restored`` ago stays for its audit."""
+    table, month = partition.table, partition.month
+    with raw_transaction(engine) as conn:
+        cols = db.columns(conn, partition.name)
+        holding = db.unsettled_runs(conn, partition, cols)
+        record = db.archived_month(conn, table, month)
+    if until := kept_for_audit(record.restored_at if record else None, now, keep_restored):
+        return MonthOutcome(
+            table, month, "restored", detail=f"kept for its audit until {until:%Y-%m-%d}"
+        )
+    if holding:
+        return MonthOutcome(table, month, "held", detail=_runs_text(holding))
+    try:
+        manifest = store.manifest(table, month)
+        if manifest is None and record is not None:
+            return _failed(
+                partition, f"archived before, but {store.data_url(table, month)} is gone"
+            )
+        if manifest is None:
+            manifest = _write(engine, store, partition, cols, now)
+        return _verify_and_drop(engine, store, partition, manifest, now)
+    except ArchiveFileError as exc:
+        return _failed(partition, str(exc))
+
+
+def _write(
+    engine: Engine, store: ArchiveStore, partition: Partition, cols: list[Column], now: datetime
+) -> Manifest:
+    with raw_transaction(engine) as conn:
+        # One query, one snapshot: the file holds the partition as of one instant.
+        return store.write(
+            table=partition.table,
+            month=partition.month,
+            partition=partition.name,
+            columns=cols,
+            batches=db.stream_rows(conn, partition.name, cols, BATCH_ROWS),
+            now=now,
+        )
+
+
+def _verify_and_drop(
+    engine: Engine, store: ArchiveStore, partition: Partition, manifest: Manifest, now: datetime
+) -> MonthOutcome:
+    read_back = store.digest(manifest)
+    if (read_back.rows, read_back.hex) != (manifest.rows, manifest.digest):
+        return _failed(
+            partition,
+            f"{store.data_url(partition.table, partition.month)} reads back {read_back.rows} "
+            f"row(s), digest {read_back.hex[:12]}…; its manifest says {manifest.rows}, "
+            f"{manifest.digest[:12]}…",
+        )
+    try:
+        with raw_transaction(engine) as conn:
+            db.lock_partition(conn, partition, LOCK_TIMEOUT_S)
+            cols = db.columns(conn, partition.name)
+            if tuple(cols) != manifest.columns:
+                return _failed(partition, "the partition's columns differ from the file's")
+            if holding := db.unsettled_runs(conn, partition, cols):
+                return MonthOutcome(
+                    partition.table, partition.month, "held", detail=_runs_text(holding)
+                )
+            live = db.relation_digest(conn, partition.name, cols, BATCH_ROWS)
+            if (live.rows, live.hex) != (manifest.rows, manifest.digest):
+                return _failed(
+                    partition,
+                    f"the database holds {live.rows} row(s), the file {manifest.rows}, or their "
+                    "digests differ: the file is kept, nothing is dropped",
+                )
+            db.drop_partition(conn, partition)
+            db.record_archived(conn, _record(store, manifest, now))
+    except psycopg.errors.LockNotAvailable:
+        return _failed(partition, "the table stayed locked by others; tried again next run")
+    except psycopg.errors.InsufficientPrivilege:
+        return _failed(
+            partition,
+            "verified, but this database role may not detach or drop partitions (only the "
+            "tables' owner may): set FAIRMETER_ARCHIVE_DATABASE_URL to the owner's",
+        )
+    except psycopg.errors.ForeignKeyViolation as exc:  # rows of another table still point here
+        return _failed(partition, f"cannot be detached: {exc.diag.message_primary}")
+    return MonthOutcome(partition.table, partition.month, "archived", manifest.rows)
+
+
+def _record(store: ArchiveStore, manifest: Manifest, now: datetime) -> db.ArchivedMonth:
+    return db.ArchivedMonth(
+        table=manifest.table,
+        month=manifest.month,
+        partition=manifest.partition,
+        url=store.data_url(manifest.table, manifest.month),
+        rows=manifest.rows,
+        digest=manifest.digest,
+        archived_at=now,
+        restored_at=None,
+    )
+
+
+def _failed(partition: Partition, detail: str) -> MonthOutcome:
+    return MonthOutcome(partition.table, partition.month, "failed", detail=detail)
+
+
+def _runs_text(runs: list[tuple[str, int]], shown: int = 10) -> str:
+    names = ", ".join(f"{tenant}/{run}" for tenant, run in runs[:shown])
+    more = f" and {len(runs) - shown} more" if len(runs) > shown else ""
+    return f"{len(runs)} unsettled run(s) hold it: {names}{more}"
+
+
+# --- reading the archive and bringing a month back ---------------------------------------------
+
+
+class ArchiveError(MeteringError):
+    """An archive command that cannot be done as asked."""
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    archived: list[db.ArchivedMonth]
+    waiting: list[MonthOutcome]  # past retention, still in the database (restored ones too)
+
+
+def archive_listing(engine: Engine, settings: Settings, now: datetime) -> Listing:
+    """The months in the archive, and the months past retention still in the database."""
+    with raw_transaction(engine) as conn:
+        archived = db.archived_months(conn)
+        due = due_partitions(db.monthly_partitions(conn), now, settings)
+        restored = {(a.table, a.month) for a in archived if a.restored_at is not None}
+        waiting = [
+            MonthOutcome(
+                p.table,
+                p.month,
+                "restored" if (p.table, p.month) in restored else "waiting",
+                db.table_rows(conn, p.name),
+            )
+            for p in due
+        ]
+    return Listing(archived, waiting)
+
+
+def restore_month(
+    engine: Engine, settings: Settings, table: str, month: date, now: datetime
+) -> db.ArchivedMonth:
+    """Make the month's partition again and load its rows from the archive, exactly: the
+    loaded rows must equal the file's digest, or nothing is restored."""
+    if settings.archive_url is None:
+        raise ArchiveError("no archive is configured: set FAIRMETER_ARCHIVE_URL", code="no_archive")
+    store = ArchiveStore(settings.archive_url)
+    with raw_transaction(engine) as conn:
+        record = db.archived_month(conn, table, month)
+        if record is None:
+            raise ArchiveError(
+                f"{table} {period_label(month)} is not in the archive",
+                code="not_archived",
+                status=404,
+            )
+        if db.partition_exists(conn, table, month):
+            raise ArchiveError(
+                f"{table} {period_label(month)} is already in the database",
+                code="already_present",
+                status=409,
+            )
+        manifest = store.manifest(table, month)
+        if manifest is None or manifest.digest != record.digest:
+            raise ArchiveError(
+                f"{record.url} is missing or not the file archived", code="archive_file"
+            )
+        name, outcome = db.create_month_partition(conn, table, month)
+        if outcome != "created":
+            raise ArchiveError(
+                f"{name} cannot be made: {outcome}", code="partition_" + outcome, status=409
+            )
+        try:
+            db.copy_rows(conn, name, manifest.columns, store.read(manifest))
+        except ArchiveFileError as exc:
+            raise ArchiveError(str(exc), code="archive_file") from exc
+        loaded = db.relation_digest(conn, name, manifest.columns, BATCH_ROWS)
+        if (loaded.rows, loaded.hex) != (manifest.rows, manifest.digest):
+            raise ArchiveError(
+                f"{record.url} does not load back equal to its manifest", code="archive_file"
+            )
+        db.record_restored(conn, table, month, now)
+    return record
