@@ -29,6 +29,7 @@ DATA_TABLES = (
     "usage_lines",
     "events",
     "event_keys",
+    "archived_months",
     "runs",
     "console_sessions",
     "api_keys",
