@@ -100,8 +100,8 @@ def test_an_event_stays_a_duplicate_after_its_month_of_raw_events_is_dropped(con
 
 def test_a_new_event_id_in_a_later_month_is_stored(conn, settings):
     ensure_tenant(conn, "acme")
-    send(conn, settings, [usage(id="evt-a", run="run-a")], NOW)
-    stored = send(conn, settings, [usage(id="evt-b", run="run-a", step=2)], NOW)
+    send(conn, settings, [usage(id="evt-a", run="run-a")], datetime.now(UTC))
+    stored = send(conn, settings, [usage(id="evt-b", run="run-a", step=2)], datetime.now(UTC))
     assert [e.result for e in stored.events] == ["accepted"]
     rows = conn.execute(
         "SELECT e.id, k.event_pk FROM events e JOIN event_keys k USING "

@@ -69,7 +69,7 @@ def partitions_read(conn: psycopg.Connection[Any], sql: str, ids: list[int]) -> 
 
 def test_a_recent_run_is_read_from_its_months_only(conn, settings):
     send(conn, settings, [usage(run="run-old", time=OLD - timedelta(minutes=1))], OLD)
-    send(conn, settings, [usage(run="run-new")], NOW)
+    send(conn, settings, [usage(run="run-new")], datetime.now(UTC))
     new = run_id(conn, "run-new")
     this_month, old_month = f"y{NOW:%Y}m{NOW:%m}", f"y{OLD:%Y}m{OLD:%m}"
     unbounded = "SELECT * FROM events WHERE run_id = ANY(%(ids)s)"
@@ -85,7 +85,7 @@ def test_a_recent_run_is_read_from_its_months_only(conn, settings):
 def test_a_run_whose_events_arrive_with_an_earlier_clock_is_read_whole(conn, settings):
     # First stored now, then an event received (by another host's clock) months earlier:
     # the run's bound moves back with it, and settlement reads both.
-    send(conn, settings, [usage(run="run-x", step=1)], NOW)
+    send(conn, settings, [usage(run="run-x", step=1)], datetime.now(UTC))
     send(
         conn,
         settings,
