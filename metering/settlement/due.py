@@ -238,6 +238,10 @@ def claim_due_runs(
     two chunks at once (see ``CLAIM_DUE_RUNS``).
     """
     conn.execute("SELECT pg_advisory_xact_lock(%s)", (SWEEP_LOCK_KEY,))
+    # No JIT: with a million runs stored the planner's cost for the claim passes
+    # jit_above_cost, and compiling took 64 ms of a 264 ms claim that reads 2,000 rows (the
+    # growth bench, 2 December): most of what the history added to the sweep.
+    conn.execute("SET LOCAL jit = off")
     own = tenant_windows or {}
     groups: dict[Windows, list[str]] = {}
     for tenant, tenant_window in own.items():
