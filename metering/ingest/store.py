@@ -163,7 +163,15 @@ FROM input i CROSS JOIN LATERAL (  -- LIMIT keeps it a probe per event, not a jo
 # INSERT_EVENTS costs more than running it (a 1,000-event batch: ~45 ms against ~38 ms of
 # PostgreSQL CPU), and its plan cannot depend on the parameters (the rows arrive as one
 # JSON document): the generic plan is the custom plan, without the planning.
-GENERIC_PLANS = "SET LOCAL plan_cache_mode = force_generic_plan"
+# Every read of these statements is a probe of a key, so sequential scans are off for the
+# transaction: a generic plan made while a table's statistics say it is empty (an
+# ANALYZE of a new database) scans it instead, and that plan is kept for the connection
+# until the next ANALYZE. For event_keys' duplicate probe that made a batch's cost grow
+# with every event stored: 22 s for one batch after 60,000 events (bench/ingest.py).
+GENERIC_PLANS = (
+    "SELECT set_config('plan_cache_mode', 'force_generic_plan', true), "
+    "set_config('enable_seqscan', 'off', true)"
+)
 
 EXISTING_HASHES = """
 SELECT source, event_id, body_hash FROM event_keys
