@@ -45,6 +45,15 @@ def store_runs(db: Any) -> None:
     db.execute("ANALYZE runs")
 
 
+def sweep(settings: Any) -> dict[str, Any]:
+    """The deployment's windows, batch and lease, as the worker's sweep passes them."""
+    return {
+        "windows": Windows.from_settings(settings),
+        "limit": settings.sweep_batch_size,
+        "lease": timedelta(seconds=settings.claim_lease_s),
+    }
+
+
 def nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
     yield node
     for child in node.get("Plans", []):
@@ -53,12 +62,7 @@ def nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 def test_the_claim_updates_its_due_runs_through_the_primary_key(db, settings):
     store_runs(db)
-    params = claim_params(
-        NOW,
-        Windows.from_settings(settings),
-        limit=settings.sweep_batch_size,
-        lease=timedelta(seconds=settings.claim_lease_s),
-    )
+    params = claim_params(NOW, **sweep(settings))
     (plan,) = db.execute("EXPLAIN (FORMAT JSON) " + CLAIM_DUE_RUNS, params).fetchone()
     update = (plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"]
     # The UPDATE side: all but the CTE that picks (and locks) the due runs.
@@ -78,13 +82,7 @@ def test_the_claim_updates_its_due_runs_through_the_primary_key(db, settings):
     assert not any(n["Node Type"] in ("Hash Join", "Merge Join") for n in update_side), shape
 
     with db.transaction():  # and it still claims exactly the due runs
-        claimed = claim_due_runs(
-            db,
-            NOW,
-            Windows.from_settings(settings),
-            limit=settings.sweep_batch_size,
-            lease=timedelta(seconds=settings.claim_lease_s),
-        )
+        claimed = claim_due_runs(db, NOW, **sweep(settings))
     assert {c.run_id for c in claimed} == {r for (r,) in db.execute(DUE_IDS)}
 
 
@@ -95,12 +93,7 @@ def test_the_claim_reads_only_due_runs_however_many_settled_runs_share_their_clo
     filtering out all but the due (the growth bench: 211,787 read for 2,000 due, CPU x2).
     Each clock's range must be read from its own index, whatever the estimate."""
     store_runs(db)
-    params = claim_params(
-        NOW,
-        Windows.from_settings(settings),
-        limit=settings.sweep_batch_size,
-        lease=timedelta(seconds=settings.claim_lease_s),
-    )
+    params = claim_params(NOW, **sweep(settings))
     with db.transaction():
         (plan,) = db.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + CLAIM_DUE_RUNS, params).fetchone()
         db.execute("ROLLBACK")  # the EXPLAIN ANALYZE claimed: undo it
@@ -123,12 +116,6 @@ def test_the_claim_is_never_jit_compiled(db, settings):
     compiling it took 64 ms of a 264 ms claim of 2,000 runs (growth bench)."""
     with db.transaction():
         db.execute("SET LOCAL jit_above_cost = 0")
-        claim_due_runs(
-            db,
-            NOW,
-            Windows.from_settings(settings),
-            limit=settings.sweep_batch_size,
-            lease=timedelta(seconds=settings.claim_lease_s),
-        )
+        claim_due_runs(db, NOW, **sweep(settings))
         assert db.execute("SHOW jit").fetchone() == ("off",)
         db.execute("ROLLBACK")
