@@ -75,20 +75,9 @@ def history(engine: Any, db: psycopg.Connection[Any], events_settings: Settings)
     """Two tenants' finished runs 15 months ago and 6 months ago, all settled."""
     make_months(db, OLD, RECENT)
     for tenant in ("acme", "other"):
-        ingest(
-            engine,
-            events_settings,
-            finished_run("run-old", OLD - timedelta(minutes=5)),
-            tenant=tenant,
-            received_at=OLD,
-        )
-        ingest(
-            engine,
-            events_settings,
-            finished_run("run-recent", RECENT - timedelta(minutes=5)),
-            tenant=tenant,
-            received_at=RECENT,
-        )
+        for run, received in (("run-old", OLD), ("run-recent", RECENT)):
+            events = finished_run(run, received - timedelta(minutes=5))
+            ingest(engine, events_settings, events, tenant=tenant, received_at=received)
     settle_due_now(engine, events_settings, NOW)
     assert db.execute(
         "SELECT count(*) FROM runs WHERE settled_evidence_version < evidence_version"
