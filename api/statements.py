@@ -24,7 +24,7 @@ from api.services import Services
 from api.wire import StatementLineReply, StatementReply, TotalsReply
 from metering.db import raw_transaction
 from metering.keys import Principal, Scope
-from metering.statements import links, query
+from metering.statements import links, query, totals
 from metering.statements.render import csv_chunks, daily_chart_svg
 from metering.statements.service import (
     IssuedLink,
@@ -170,7 +170,7 @@ def _html(
     services: Services, page: StatementPage, statement: query.StatementQuery, nonce: str
 ) -> str:
     with raw_transaction(services.engine) as conn:
-        days = query.daily(conn, statement)
+        days = totals.daily(conn, statement)
     return TEMPLATES.get_template("statement.html").render(
         page=page, chart=daily_chart_svg(page.period, days), usd=usd_html, csp_nonce=nonce
     )

@@ -14,7 +14,7 @@ from metering.config import load_cli_settings
 from metering.db import create_db_engine, raw_transaction
 from metering.keys import Principal, Scope
 from metering.money import format_usd
-from metering.statements import query
+from metering.statements import query, totals
 from metering.statements.render import csv_chunks, daily_chart_svg
 from metering.statements.service import build_query, statement_page
 
@@ -56,7 +56,7 @@ def statement(
         if html_file is not None:
             from api.statements import TEMPLATES
 
-            days = query.daily(conn, statement_query)
+            days = totals.daily(conn, statement_query)
             html_file.write_text(
                 TEMPLATES.get_template("statement.html").render(
                     page=page, chart=daily_chart_svg(page.period, days), usd=format_usd

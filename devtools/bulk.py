@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from metering.statements import totals
+
 EXPLANATION = (
     "The run completed at 10:42 after the agent edited 14 files and ran the test suite twice; "
     "all of its usage was billed at the catalog prices in force when each model call was made."
@@ -72,3 +74,5 @@ def settled_runs(db: Any, *, tenant: str, customer: str, count: int, period: str
         """,
         params,
     )
+    # The statement's sums, as settlement keeps them beside its lines.
+    totals.rebuild(db, tenant)

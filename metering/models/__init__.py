@@ -21,7 +21,11 @@ from metering.models.ledger import LedgerEntryRow
 from metering.models.notifications import NotificationRow
 from metering.models.policies import PolicyVersionRow
 from metering.models.settlement import DecisionRow
-from metering.models.statements import StatementClosingRow, StatementLineRow
+from metering.models.statements import (
+    StatementClosingRow,
+    StatementLineRow,
+    StatementTotalRow,
+)
 from metering.models.support import AuditRow, DisputeRow, SupportCreditRow
 from metering.models.tenancy import ApiKeyRow, ConsoleSessionRow, CustomerRow, TenantRow
 from metering.models.webhooks import (
@@ -49,6 +53,7 @@ __all__ = [
     "RunRow",
     "StatementClosingRow",
     "StatementLineRow",
+    "StatementTotalRow",
     "StripeCarryRow",
     "StripeClosedPeriodRow",
     "StripeDeliveryKeyRow",

@@ -28,13 +28,14 @@ from metering.notifications import record_many
 from metering.notifications.builders import about_customer, timestamp
 from metering.notifications.catalogue import STATEMENT_CLOSED
 from metering.periods import closed_periods, period_close
-from metering.statements.query import TOTALS_COLUMNS, Totals, totals_of
+from metering.statements.query import Totals, totals_of
+from metering.statements.totals import TOTALS_OF_SUMS
 
 # The customers with lines on each closed statement not announced yet, and no pending run
 # that ended before the month did (a run ends at its terminal event, else its last event,
 # as settlement dates it), with the statement's totals. Driven by the customers, each a
-# few index probes (the closings' key, ``ix_statement_lines_page``), not by a scan of every
-# statement line of the month.
+# few index probes (the closings' key, ``ix_statement_lines_page``, the sums' key), not by
+# a scan of every statement line of the month.
 DUE_STATEMENTS = f"""
 WITH periods AS (
     SELECT * FROM unnest(%(periods)s::text[], %(ends)s::timestamptz[]) AS p(period, ends_at)
@@ -60,9 +61,9 @@ SELECT u.tenant_id, u.customer_id, u.period, t.*
 FROM unannounced u
 LEFT JOIN pending q ON q.tenant_id = u.tenant_id AND q.customer_id = u.customer_id
 CROSS JOIN LATERAL (
-    SELECT {TOTALS_COLUMNS} FROM statement_lines l
-    WHERE l.tenant_id = u.tenant_id AND l.customer_id = u.customer_id
-      AND l.statement_period = u.period
+    SELECT {TOTALS_OF_SUMS} FROM statement_totals t
+    WHERE t.tenant_id = u.tenant_id AND t.customer_id = u.customer_id
+      AND t.statement_period = u.period
 ) AS t
 WHERE q.ended_at IS NULL OR q.ended_at >= u.ends_at
 ORDER BY u.tenant_id, u.customer_id, u.period

@@ -110,7 +110,7 @@ LEFT JOIN stripe_outbox o ON o.run_id = l.run_id AND o.decision_version = l.vers
 """
 
 
-def _params(query: StatementQuery) -> dict[str, Any]:
+def params(query: StatementQuery) -> dict[str, Any]:
     return {
         "tenant": query.tenant_id,
         "customer": query.customer_id,
@@ -135,7 +135,7 @@ def page(
     limit: int,
 ) -> list[StatementLine]:
     """Lines in (end time, run) order, after the cursor, at most ``limit``."""
-    params = _params(query) | {
+    values = params(query) | {
         "after_ended": after[0] if after else None,
         "after_run": after[1] if after else None,
         "limit": limit,
@@ -144,7 +144,7 @@ def page(
         LINE_SELECT + " AND (%(after_ended)s::timestamptz IS NULL"
         "      OR (l.ended_at, l.run_id) > (%(after_ended)s, %(after_run)s))"
         " ORDER BY l.ended_at, l.run_id LIMIT %(limit)s",
-        params,
+        values,
     ).fetchall()
     return [_line(r) for r in rows]
 
@@ -153,13 +153,14 @@ def stream(conn: psycopg.Connection[Any], query: StatementQuery) -> Iterator[Sta
     """Every line, through a server-side cursor: memory stays flat for any statement size."""
     with conn.cursor(name="statement_lines") as cursor:
         cursor.itersize = 2000
-        cursor.execute(LINE_SELECT + " ORDER BY l.ended_at, l.run_id", _params(query))
+        cursor.execute(LINE_SELECT + " ORDER BY l.ended_at, l.run_id", params(query))
         for row in cursor:
             yield _line(row)
 
 
 # A statement's totals over its lines ``l`` (``totals_of`` reads a row of them): what the
-# statement page shows and what ``statement.closed`` announces.
+# statement page shows and what ``statement.closed`` announces. Summed over the lines only
+# for a filter that is not whole days; ``totals.py`` reads the sums settlement keeps.
 TOTALS_COLUMNS = """
 coalesce(sum(l.gross_abs - l.base_gross), 0),
 coalesce(sum(l.billed_abs - l.base_billed), 0),
@@ -170,16 +171,12 @@ count(*) FILTER (WHERE l.kind = 'correction')
 """
 
 
-def totals(conn: psycopg.Connection[Any], query: StatementQuery) -> Totals:
-    row = conn.execute(
-        f"SELECT {TOTALS_COLUMNS} FROM statement_lines l {WHERE}", _params(query)
-    ).fetchone()
-    assert row is not None
-    return totals_of(row)
+TOTALS_OF_LINES = f"SELECT {TOTALS_COLUMNS} FROM statement_lines l {WHERE}"
 
 
 def totals_of(row: Sequence[Any]) -> Totals:
-    """Totals from the values of ``TOTALS_COLUMNS``."""
+    """Totals from a row of ``TOTALS_COLUMNS`` or of ``totals.TOTALS_OF_SUMS`` (same
+    order)."""
     gross, billed, credited, runs, restored, corrections = (int(v) for v in row)
     return Totals(
         gross_micros=gross,
@@ -192,9 +189,11 @@ def totals_of(row: Sequence[Any]) -> Totals:
     )
 
 
-def daily(conn: psycopg.Connection[Any], query: StatementQuery) -> list[tuple[date, int, int]]:
+def daily_of_lines(
+    conn: psycopg.Connection[Any], query: StatementQuery
+) -> list[tuple[date, int, int]]:
     """(day, billed, restored) per day — a run's end, or a correction's decision — for the
-    chart."""
+    chart, summed over the lines (``totals.daily`` reads the kept sums)."""
     rows = conn.execute(
         f"""
         SELECT ((CASE WHEN l.kind = 'correction' THEN l.decided_at ELSE l.ended_at END)
@@ -203,6 +202,6 @@ def daily(conn: psycopg.Connection[Any], query: StatementQuery) -> list[tuple[da
         FROM statement_lines l {WHERE}
         GROUP BY 1 ORDER BY 1
         """,
-        _params(query),
+        params(query),
     ).fetchall()
     return [(r[0], int(r[1]), int(r[2])) for r in rows]

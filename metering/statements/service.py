@@ -13,7 +13,7 @@ import psycopg
 from metering.errors import FieldError, forbidden, not_found, validation_error
 from metering.keys import Principal, Scope
 from metering.periods import period_close
-from metering.statements import links, query
+from metering.statements import links, query, totals
 from metering.statements.query import StatementLine, StatementQuery, Totals
 
 MAX_PAGE = 1000
@@ -142,7 +142,7 @@ def statement_page(
         customer=statement.customer_id,
         period=statement.period,
         closed=is_closed(statement.period, now, close_delay_s),
-        totals=query.totals(conn, statement),
+        totals=totals.totals(conn, statement),
         lines=lines,
         next_cursor=encode_cursor(lines[-1]) if more else None,
     )

@@ -17,6 +17,7 @@ DATA_TABLES = (
     "disputes",
     "support_credits",
     "statement_lines",
+    "statement_totals",
     "stripe_deliveries",
     "stripe_delivery_keys",
     "stripe_outbox",

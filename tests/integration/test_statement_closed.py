@@ -14,7 +14,8 @@ from metering.db import raw_transaction
 from metering.notifications import SCHEMA_VERSION
 from metering.settlement.settle import settle_runs
 from metering.statements.closing import close_due_statements, close_statements
-from metering.statements.query import StatementQuery, totals
+from metering.statements.query import StatementQuery
+from metering.statements.totals import totals
 from tests.helpers.ingest import ingest
 from tests.helpers.scenarios import scenario
 

@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta
 from metering.db import raw_transaction
 from metering.periods import period_of
 from metering.settlement.settle import settle_runs
-from metering.statements.query import StatementQuery, totals
+from metering.statements.query import StatementQuery
+from metering.statements.totals import totals
 from tests.helpers.ingest import ingest
 from tests.helpers.processes import wait_until
 from tests.helpers.scenarios import scenario

@@ -56,6 +56,7 @@ TENANT_TABLES = (
     "policy_versions",
     "runs",
     "statement_lines",
+    "statement_totals",
     "stripe_outbox",
     "webhook_endpoints",
     "webhook_messages",
