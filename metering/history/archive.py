@@ -36,10 +36,12 @@ only once it equals its file; the file is not written again.
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
-from typing import Any, Final
+from typing import Any, Final, TypeVar, cast
 
 import psycopg
 from sqlalchemy.engine import Engine
@@ -57,6 +59,7 @@ from metering.history.archive_plan import (
     period_label,
 )
 
+_T = TypeVar("_T")
 BATCH_ROWS: Final = 20_000
 # Pages of the partition per chunk (8 kB each: 32 MB of heap, some 100,000 audit rows or
 # 30,000 events), each chunk read in a transaction of a few seconds.
@@ -202,7 +205,7 @@ def write_month(
         month=partition.month,
         partition=partition.name,
         columns=cols,
-        batches=_chunks(engine, partition, cols, chunk_blocks, sql_digest),
+        batches=_read_ahead(_chunks(engine, partition, cols, chunk_blocks, sql_digest)),
         now=now,
         sql_digest=sql_digest,
     )
@@ -229,6 +232,57 @@ def _chunks(
             ):
                 sql_digest.add_row_hashes(row[-1] for row in batch)
                 yield [row[:-1] for row in batch]
+
+
+class _Failed:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+_DONE: Final = object()
+
+
+def _read_ahead(batches: Iterator[_T], depth: int = 2) -> Iterator[_T]:
+    """``batches``, produced on a thread of their own up to ``depth`` ahead: PostgreSQL reads
+    and hashes the next batch while Python encodes and writes this one, on two cores rather
+    than in turn. The producer owns its connections; an error there is raised here, and
+    stopping here closes the producer (its transaction rolls back)."""
+    ready: queue.Queue[object] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item: object) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for batch in batches:
+                if not put(batch):
+                    break
+        except BaseException as error:  # handed to the consumer, raised there
+            put(_Failed(error))
+        else:
+            put(_DONE)
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
+
+    producer = threading.Thread(target=produce, name="archive-read-ahead", daemon=True)
+    producer.start()
+    try:
+        while (item := ready.get()) is not _DONE:
+            if isinstance(item, _Failed):
+                raise item.error
+            yield cast(_T, item)
+    finally:
+        stop.set()
+        producer.join()
 
 
 def _verify_and_drop(
