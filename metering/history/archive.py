@@ -12,9 +12,10 @@ A month of a monthly table is archived once its whole month is past its table's 
    chunk also gives each row's SQL hash (``archive_plan.SqlDigest``); the file's digest
    (``arrow_digest.py``) and the sum of the rows' SQL hashes go into the manifest;
 3. the file is read back and its rows and digest must equal its manifest's;
-4. in one transaction: the partition is locked, its row count and SQL digest (one
-   statement, no row sent to Python) must equal the manifest's, then it is detached and
-   dropped and the month recorded in ``archived_months``.
+4. in one transaction: the partition is locked, its row count and SQL digest (summed by
+   PostgreSQL, one statement per chunk of pages, no row sent to Python; in READ COMMITTED
+   each statement's snapshot lasts only as long as it runs) must equal the manifest's, then
+   it is detached and dropped and the month recorded in ``archived_months``.
 
 Why that proves the file holds the partition: (a) the file reads back with the digest of
 exactly the batches written, made of the rows streamed; (b) each row's SQL hash came with
@@ -185,7 +186,7 @@ def archive_month(
             )
         if manifest is None:
             manifest = write_month(engine, store, partition, cols, now, chunk_blocks)
-        return _verify_and_drop(engine, store, partition, manifest, now)
+        return _verify_and_drop(engine, store, partition, manifest, now, chunk_blocks)
     except ArchiveFileError as exc:
         return _failed(partition, str(exc))
 
@@ -286,7 +287,12 @@ def _read_ahead(batches: Iterator[_T], depth: int = 2) -> Iterator[_T]:
 
 
 def _verify_and_drop(
-    engine: Engine, store: ArchiveStore, partition: Partition, manifest: Manifest, now: datetime
+    engine: Engine,
+    store: ArchiveStore,
+    partition: Partition,
+    manifest: Manifest,
+    now: datetime,
+    chunk_blocks: int,
 ) -> MonthOutcome:
     read_back = store.digest(manifest)
     if (read_back.rows, read_back.hex) != (manifest.rows, manifest.digest):
@@ -306,7 +312,7 @@ def _verify_and_drop(
                 return MonthOutcome(
                     partition.table, partition.month, "held", detail=_runs_text(holding)
                 )
-            live_rows, same = _compare_with_manifest(conn, partition.name, manifest)
+            live_rows, same = _compare_with_manifest(conn, partition.name, manifest, chunk_blocks)
             if not same:
                 return _failed(
                     partition,
@@ -329,13 +335,13 @@ def _verify_and_drop(
 
 
 def _compare_with_manifest(
-    conn: psycopg.Connection[Any], relation: str, manifest: Manifest
+    conn: psycopg.Connection[Any], relation: str, manifest: Manifest, chunk_blocks: int
 ) -> tuple[int, bool]:
     """The relation's rows, and whether it holds the rows the manifest describes: by the SQL
-    digest, in one statement, when the manifest has one; else row by row in Python (a
-    manifest written before the SQL digest existed)."""
+    digest, one statement per chunk of pages, when the manifest has one; else row by row in
+    Python (a manifest of format 1, written before the SQL digest existed)."""
     if manifest.sql_digest is not None:
-        live_sql = db.sql_digest(conn, relation)
+        live_sql = db.sql_digest_in_steps(conn, relation, chunk_blocks)
         return live_sql.rows, (live_sql.rows, live_sql.hex) == (manifest.rows, manifest.sql_digest)
     live = db.relation_digest(conn, relation, manifest.columns, BATCH_ROWS)
     return live.rows, (live.rows, live.hex) == (manifest.rows, manifest.digest)
@@ -431,7 +437,7 @@ def restore_month(
             db.copy_rows(conn, name, manifest.columns, store.read(manifest))
         except ArchiveFileError as exc:
             raise ArchiveError(str(exc), code="archive_file") from exc
-        if not _compare_with_manifest(conn, name, manifest)[1]:
+        if not _compare_with_manifest(conn, name, manifest, CHUNK_BLOCKS)[1]:
             raise ArchiveError(
                 f"{record.url} does not load back equal to its manifest", code="archive_file"
             )

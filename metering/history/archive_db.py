@@ -180,6 +180,21 @@ def sql_digest(
     return digest
 
 
+def sql_digest_in_steps(
+    conn: psycopg.Connection[Any], relation: str, step_blocks: int
+) -> SqlDigest:
+    """The relation's rows and SQL digest, as one statement per ``step_blocks`` pages in the
+    caller's transaction. Under the archive's SHARE lock the relation cannot change between
+    them, and in READ COMMITTED a statement's snapshot is held only while it runs: the
+    compare of a large month does not hold back VACUUM's horizon for its whole length."""
+    whole = SqlDigest()
+    blocks = heap_blocks(conn, relation)
+    for first in range(0, max(blocks, 1), step_blocks):
+        end = first + step_blocks if first + step_blocks < blocks else None
+        whole.merge(sql_digest(conn, relation, Blocks(first, end)))
+    return whole
+
+
 def lock_partition(
     conn: psycopg.Connection[Any], partition: Partition, lock_timeout_s: int
 ) -> None:

@@ -184,6 +184,11 @@ class SqlDigest:
         self.rows += rows
         self.total = (self.total + high_sum * 2**64 + low_sum) % _SQL_DIGEST_MODULUS
 
+    def merge(self, other: SqlDigest) -> None:
+        """Add the digest of other rows (another range of the same relation)."""
+        self.rows += other.rows
+        self.total = (self.total + other.total) % _SQL_DIGEST_MODULUS
+
     def add_row_hashes(self, hashes: Iterable[bytes]) -> None:
         """Add rows by their SHA-256 as PostgreSQL gave it: the same sums, taken in Python."""
         total, rows, from_bytes = self.total, self.rows, int.from_bytes

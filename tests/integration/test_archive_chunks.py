@@ -193,3 +193,27 @@ def test_a_month_archived_now_has_a_format_2_manifest_with_its_sql_digest(
     data = json.loads((archive_dir / "audit_log" / f"{period_label(OLD_MONTH)}.json").read_text())
     assert data["format"] == "fairmeter-archive/2"
     assert data["rows"] == ROWS and len(data["sql_digest"]) == 32
+
+
+def test_the_compare_under_the_lock_is_one_read_committed_statement_per_chunk(
+    engine, db, arch, old_month, monkeypatch
+):
+    """In READ COMMITTED each statement takes its own snapshot and drops it when done, so a
+    compare of many statements holds back VACUUM's horizon only one chunk at a time."""
+    store = ArchiveStore(str(arch.archive_url))
+    write_month(engine, store, old_month, archive_db.columns(db, old_month.name), NOW, 2)
+    isolation: list[str] = []
+    sql_digest = archive_db.sql_digest
+
+    def recording(conn: psycopg.Connection[Any], *args: Any) -> Any:
+        row = conn.execute("SELECT current_setting('transaction_isolation')").fetchone()
+        assert row is not None
+        isolation.append(row[0])
+        return sql_digest(conn, *args)
+
+    monkeypatch.setattr(archive_db, "sql_digest", recording)
+    report = archive_history(engine, arch, NOW, chunk_blocks=2)
+
+    assert outcomes(report)[("audit_log", period_label(OLD_MONTH))] == "archived"
+    assert len(isolation) >= 3  # a statement for each chunk of two pages
+    assert set(isolation) == {"read committed"}
