@@ -236,6 +236,8 @@ def _chunks(
 
 
 class _Failed:
+    """An error of the read-ahead thread, carried to the consumer to be raised there."""
+
     def __init__(self, error: BaseException) -> None:
         self.error = error
 

@@ -109,16 +109,13 @@ def stream_rows(
     server-side cursor (in the caller's transaction), with the values archive_files.py
     stores. ``with_sql_hash``: each row ends with one more value, the SHA-256 of its text
     (the SQL digest's row hash), taken by the same statement, so of the same row."""
-    query = sql.SQL("SELECT {} FROM {} AS t").format(
-        sql.SQL(", ").join(sql.Identifier("t", c.name) for c in cols), sql.Identifier(relation)
-    )
+    selected: list[sql.Composable] = [sql.Identifier("t", c.name) for c in cols]
     if with_sql_hash:
         use_canonical_text(conn)
-        query = sql.SQL("SELECT {}, {} FROM {} AS t").format(
-            sql.SQL(", ").join(sql.Identifier("t", c.name) for c in cols),
-            sql.SQL(_SQL_ROW_HASH),
-            sql.Identifier(relation),
-        )
+        selected.append(sql.SQL(_SQL_ROW_HASH))
+    query = sql.SQL("SELECT {} FROM {} AS t").format(
+        sql.SQL(", ").join(selected), sql.Identifier(relation)
+    )
     if blocks is not None:
         query += blocks.where()
     with conn.cursor(name=f"archive_{relation}") as cursor:
