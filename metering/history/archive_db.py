@@ -17,7 +17,7 @@ from psycopg import sql
 from psycopg.types.string import TextLoader
 
 from metering.history.archive_files import Column, column_digest
-from metering.history.archive_plan import Digest, Partition, month_of_bound
+from metering.history.archive_plan import Digest, Partition, SqlDigest, month_of_bound
 
 # Types read as their PostgreSQL text (archive_files.py stores them so).
 _AS_TEXT: Final = ("json", "jsonb", "numeric", "uuid")
@@ -70,14 +70,54 @@ def unsettled_runs(
     return [(tenant, run) for tenant, run in conn.execute(query).fetchall()]
 
 
+@dataclass(frozen=True, slots=True)
+class Blocks:
+    """A range of the relation's heap pages, ``[first, end)``; ``end`` None: to the last page,
+    however many there are by then. Read by a TID range scan (``ctid >= '(first,0)'``), which
+    reads those pages and nothing else, whatever the table's keys."""
+
+    first: int
+    end: int | None
+
+    def where(self) -> sql.Composable:
+        lower = sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({self.first},0)"))
+        if self.end is None:
+            return sql.SQL(" WHERE ") + lower
+        upper = sql.SQL("ctid < {}::tid").format(sql.Literal(f"({self.end},0)"))
+        return sql.SQL(" WHERE ") + lower + sql.SQL(" AND ") + upper
+
+
+def heap_blocks(conn: psycopg.Connection[Any], relation: str) -> int:
+    """How many pages the relation's heap has now."""
+    row = conn.execute(
+        "SELECT pg_relation_size(%s::regclass) / current_setting('block_size')::int",
+        (relation,),
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
 def stream_rows(
-    conn: psycopg.Connection[Any], relation: str, cols: Sequence[Column], batch_rows: int
+    conn: psycopg.Connection[Any],
+    relation: str,
+    cols: Sequence[Column],
+    batch_rows: int,
+    blocks: Blocks | None = None,
+    *,
+    with_sql_hash: bool = False,
 ) -> Iterator[list[tuple[Any, ...]]]:
-    """The relation's rows in batches, through a server-side cursor (in the caller's
-    transaction), with the values archive_files.py stores."""
-    query = sql.SQL("SELECT {} FROM {}").format(
-        sql.SQL(", ").join(sql.Identifier(c.name) for c in cols), sql.Identifier(relation)
+    """The relation's rows (those of ``blocks`` only, when given) in batches, through a
+    server-side cursor (in the caller's transaction), with the values archive_files.py
+    stores. ``with_sql_hash``: each row ends with one more value, the SHA-256 of its text
+    (the SQL digest's row hash), taken by the same statement, so of the same row."""
+    selected: list[sql.Composable] = [sql.Identifier("t", c.name) for c in cols]
+    if with_sql_hash:
+        use_canonical_text(conn)
+        selected.append(sql.SQL(_SQL_ROW_HASH))
+    query = sql.SQL("SELECT {} FROM {} AS t").format(
+        sql.SQL(", ").join(selected), sql.Identifier(relation)
     )
+    if blocks is not None:
+        query += blocks.where()
     with conn.cursor(name=f"archive_{relation}") as cursor:
         for type_name in _AS_TEXT:
             cursor.adapters.register_loader(type_name, TextLoader)
@@ -93,6 +133,63 @@ def relation_digest(
     for batch in stream_rows(conn, relation, cols, batch_rows):
         digest.add(batch)
     return digest
+
+
+# The text of a row depends on these settings (times in the session's zone, float digits,
+# bytea's output): fixed for every SQL digest, so the same rows always give the same text.
+_CANONICAL_TEXT: Final = (
+    "SET LOCAL TimeZone = 'UTC'",
+    "SET LOCAL DateStyle = 'ISO, YMD'",
+    "SET LOCAL IntervalStyle = 'postgres'",
+    "SET LOCAL extra_float_digits = 1",
+    "SET LOCAL bytea_output = 'hex'",
+)
+# A row's hash for the SQL digest: SHA-256 of its text.
+_SQL_ROW_HASH: Final = "sha256(convert_to(t::text, 'UTF8'))"
+# Each row's hash, its first 16 bytes summed as two signed 64-bit integers (as
+# ``SqlDigest.add_row_hashes`` does): in C, no row leaves the server; a sum, so it does not
+# depend on row order.
+_SQL_DIGEST: Final = f"""
+SELECT count(*),
+       coalesce(sum(('x' || substr(h, 1, 16))::bit(64)::bigint), 0),
+       coalesce(sum(('x' || substr(h, 17, 16))::bit(64)::bigint), 0)
+FROM (SELECT encode({_SQL_ROW_HASH}, 'hex') AS h FROM {{}} AS t{{}}) AS hashed
+"""
+
+
+def use_canonical_text(conn: psycopg.Connection[Any]) -> None:
+    """Fix, for the caller's transaction, every setting a row's text depends on."""
+    for setting in _CANONICAL_TEXT:
+        conn.execute(setting)
+
+
+def sql_digest(
+    conn: psycopg.Connection[Any], relation: str, blocks: Blocks | None = None
+) -> SqlDigest:
+    """The relation's rows (those of ``blocks`` only) and their SQL digest
+    (``archive_plan.SqlDigest``), in one statement of the caller's transaction."""
+    use_canonical_text(conn)
+    where = blocks.where() if blocks is not None else sql.SQL("")
+    row = conn.execute(sql.SQL(_SQL_DIGEST).format(sql.Identifier(relation), where)).fetchone()
+    assert row is not None
+    digest = SqlDigest()
+    digest.add(int(row[0]), int(row[1]), int(row[2]))
+    return digest
+
+
+def sql_digest_in_steps(
+    conn: psycopg.Connection[Any], relation: str, step_blocks: int
+) -> SqlDigest:
+    """The relation's rows and SQL digest, as one statement per ``step_blocks`` pages in the
+    caller's transaction. Under the archive's SHARE lock the relation cannot change between
+    them, and in READ COMMITTED a statement's snapshot is held only while it runs: the
+    compare of a large month does not hold back VACUUM's horizon for its whole length."""
+    whole = SqlDigest()
+    blocks = heap_blocks(conn, relation)
+    for first in range(0, max(blocks, 1), step_blocks):
+        end = first + step_blocks if first + step_blocks < blocks else None
+        whole.merge(sql_digest(conn, relation, Blocks(first, end)))
+    return whole
 
 
 def lock_partition(

@@ -25,10 +25,18 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from metering.history.archive_plan import Digest, period_label
+from metering.history.archive_plan import SQL_DIGEST_KIND, Digest, SqlDigest, period_label
+from metering.history.arrow_digest import ArrowDigest
 
-FORMAT: Final = "fairmeter-archive/1"
-DIGEST_KIND: Final = "sum of sha256(repr(row), times as naive UTC) mod 2^256"
+# Format 1: the digest over Python's repr of each row (archive_plan.row_hash), no SQL digest.
+# Format 2: the digest over Arrow's encoding of each row (arrow_digest.py) and the SQL
+# digest of the rows written. A manifest of either is read and verified by its own digest.
+FORMAT_1: Final = "fairmeter-archive/1"
+FORMAT: Final = "fairmeter-archive/2"
+DIGEST_KINDS: Final = {
+    FORMAT_1: "sum of sha256(repr(row), times as naive UTC) mod 2^256",
+    FORMAT: "sum of sha256(row as N or <length>:<bytes> fields joined by |, by Arrow) mod 2^256",
+}
 
 _SCALARS: Final[dict[str, pa.DataType]] = {
     "bigint": pa.int64(),
@@ -91,22 +99,33 @@ class Manifest:
     digest: str
     columns: tuple[Column, ...]
     written_at: datetime
+    # The SQL digest of the rows written (archive_plan.SqlDigest), each row's hash taken by
+    # the statement that read the row. None in format 1, which had none: such a month is
+    # compared with the partition row by row in Python, as it was written.
+    sql_digest: str | None = None
+    format: str = FORMAT
 
     def as_json(self) -> str:
+        extra = (
+            {"sql_digest": self.sql_digest, "sql_digest_kind": SQL_DIGEST_KIND}
+            if self.sql_digest is not None
+            else {}
+        )
         return json.dumps(
             {
-                "format": FORMAT,
+                "format": self.format,
                 "table": self.table,
                 "month": period_label(self.month),
                 "partition": self.partition,
                 "rows": self.rows,
                 "digest": self.digest,
-                "digest_kind": DIGEST_KIND,
+                "digest_kind": DIGEST_KINDS[self.format],
                 "columns": [
                     {"name": c.name, "pg_type": c.pg_type, "arrow_type": str(arrow_type(c.pg_type))}
                     for c in self.columns
                 ],
                 "written_at": self.written_at.isoformat(),
+                **extra,
             },
             indent=2,
         )
@@ -114,8 +133,10 @@ class Manifest:
     @classmethod
     def from_json(cls, text: str) -> Manifest:
         data = json.loads(text)
-        if data.get("format") != FORMAT:
-            raise ArchiveFileError(f"manifest format {data.get('format')!r} is not {FORMAT}")
+        if data.get("format") not in DIGEST_KINDS:
+            raise ArchiveFileError(f"manifest format {data.get('format')!r} is not known")
+        if data["format"] == FORMAT and data.get("sql_digest_kind") != SQL_DIGEST_KIND:
+            raise ArchiveFileError(f"SQL digest {data.get('sql_digest_kind')!r} is not known")
         return cls(
             table=data["table"],
             month=date.fromisoformat(data["month"] + "-01"),
@@ -124,6 +145,8 @@ class Manifest:
             digest=data["digest"],
             columns=tuple(Column(c["name"], c["pg_type"]) for c in data["columns"]),
             written_at=datetime.fromisoformat(data["written_at"]),
+            sql_digest=data.get("sql_digest") if data["format"] == FORMAT else None,
+            format=data["format"],
         )
 
 
@@ -160,23 +183,40 @@ class ArchiveStore:
         columns: Sequence[Column],
         batches: Iterable[Sequence[tuple[Any, ...]]],
         now: datetime,
+        sql_digest: SqlDigest,
     ) -> Manifest:
-        """Write the rows, then the manifest, each under a temporary name moved into place."""
+        """Write the rows, then the manifest, each under a temporary name moved into place.
+        ``sql_digest`` is filled as the batches are read (by whoever yields them) and must
+        count the rows written: it goes into the manifest."""
         schema = arrow_schema(columns)
-        digest = column_digest(columns)
+        digest = ArrowDigest()
         self.fs.makedirs(f"{self.root}/{table}", exist_ok=True)
         final = self._path(table, month, "parquet")
         partial = f"{final}.partial-{uuid.uuid4().hex}"
         try:
             with self.fs.open(partial, "wb") as handle, pq.ParquetWriter(handle, schema) as out:
-                for batch in batches:
+                for rows in batches:
+                    batch = _to_batch(schema, rows)
                     digest.add(batch)
-                    out.write_table(_to_table(schema, batch))
+                    out.write_batch(batch)
+            if sql_digest.rows != digest.rows:
+                raise ArchiveFileError(
+                    f"{digest.rows} row(s) written, but the database counted {sql_digest.rows}"
+                )
             self.fs.mv(partial, final)
         finally:
             if self.fs.exists(partial):
                 self.fs.rm(partial)
-        manifest = Manifest(table, month, partition, digest.rows, digest.hex, tuple(columns), now)
+        manifest = Manifest(
+            table,
+            month,
+            partition,
+            digest.rows,
+            digest.hex,
+            tuple(columns),
+            now,
+            sql_digest.hex,
+        )
         self._put_text(self._path(table, month, "json"), manifest.as_json())
         return manifest
 
@@ -186,8 +226,8 @@ class ArchiveStore:
             handle.write(text.encode())
         self.fs.mv(partial, path)
 
-    def read(self, manifest: Manifest, batch_rows: int = 50_000) -> Iterator[list[tuple[Any, ...]]]:
-        """The month's rows as written, batch by batch (checked against the manifest's
+    def batches(self, manifest: Manifest, batch_rows: int = 50_000) -> Iterator[pa.RecordBatch]:
+        """The month's rows as written, Arrow batch by batch (checked against the manifest's
         columns and types, not its digest: see :meth:`digest`)."""
         path = self._path(manifest.table, manifest.month, "parquet")
         expected = arrow_schema(manifest.columns)
@@ -196,23 +236,33 @@ class ArchiveStore:
                 parquet = pq.ParquetFile(handle)
                 if not parquet.schema_arrow.equals(expected):
                     raise ArchiveFileError(f"{path}: columns differ from its manifest")
-                for batch in parquet.iter_batches(batch_size=batch_rows):
-                    yield list(zip(*(column.to_pylist() for column in batch.columns), strict=True))
+                yield from parquet.iter_batches(batch_size=batch_rows)
         except (OSError, pa.ArrowException) as exc:  # missing, truncated, not Parquet
             raise ArchiveFileError(f"{path} cannot be read: {exc}") from exc
 
-    def digest(self, manifest: Manifest) -> Digest:
-        """Read the whole file back and digest it as the database's rows are."""
-        digest = column_digest(manifest.columns)
-        for batch in self.read(manifest):
-            digest.add(batch)
-        return digest
+    def read(self, manifest: Manifest, batch_rows: int = 50_000) -> Iterator[list[tuple[Any, ...]]]:
+        """The month's rows as written, as Python values, batch by batch."""
+        for batch in self.batches(manifest, batch_rows):
+            yield list(zip(*(column.to_pylist() for column in batch.columns), strict=True))
+
+    def digest(self, manifest: Manifest) -> Digest | ArrowDigest:
+        """Read the whole file back and digest it as its manifest's format says: format 2 on
+        the Arrow batches as they come, format 1 on the rows as Python values."""
+        if manifest.format == FORMAT_1:
+            python_digest = column_digest(manifest.columns)
+            for rows in self.read(manifest):
+                python_digest.add(rows)
+            return python_digest
+        arrow_digest = ArrowDigest()
+        for batch in self.batches(manifest):
+            arrow_digest.add(batch)
+        return arrow_digest
 
 
-def _to_table(schema: pa.Schema, rows: Sequence[tuple[Any, ...]]) -> pa.Table:
+def _to_batch(schema: pa.Schema, rows: Sequence[tuple[Any, ...]]) -> pa.RecordBatch:
     columns = list(zip(*rows, strict=True)) if rows else [() for _ in schema]
     arrays = [
         pa.array(list(values), type=field.type)
         for values, field in zip(columns, schema, strict=True)
     ]
-    return pa.Table.from_arrays(arrays, schema=schema)
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)

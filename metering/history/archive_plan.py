@@ -11,6 +11,12 @@ is written out with its type (``repr``: a NULL, ``''`` and ``'null'`` differ; an
 its order and its NULL elements; a time is its UTC instant), hashed, and the row hashes are
 added modulo 2**256, so the digest does not depend on the order rows are read in, and equal
 rows counted twice still count.
+
+A second digest, the SQL digest (``SqlDigest``), is computed by PostgreSQL itself over the
+same rows: the text of each row (``row::text``, times in UTC) hashed with SHA-256 and summed,
+all in C. It is what lets the partition be compared under its lock in one statement, without
+sending a row to Python: the file's digest proves the file holds the rows written, the SQL
+digest proves the partition still holds those rows (``archive.py``).
 """
 
 from __future__ import annotations
@@ -30,6 +36,11 @@ EVENT_TABLES: Final = frozenset({"events"})
 PERIOD = re.compile(r"(\d{4})-(\d{2})")
 _BOUND = re.compile(r"FOR VALUES FROM \('([^']+)'\) TO \('([^']+)'\)")
 _DIGEST_MODULUS: Final = 2**256
+_SQL_DIGEST_MODULUS: Final = 2**128
+SQL_DIGEST_KIND: Final = (
+    "sum of sha256(row::text in UTC): bytes 1-8 and 9-16 as signed int64 hi, lo; "
+    "hi*2^64 + lo summed mod 2^128"
+)
 
 
 class PeriodError(ValueError):
@@ -157,3 +168,36 @@ class Digest:
     @property
     def hex(self) -> str:
         return f"{self.total:064x}"
+
+
+@dataclass(slots=True)
+class SqlDigest:
+    """Rows and the SQL digest of a relation, or of chunks of it added up: the sums are
+    additive, so the hashes of the rows written, chunk by chunk, add up to the digest of the
+    whole partition summed by PostgreSQL under its lock."""
+
+    rows: int = 0
+    total: int = 0
+
+    def add(self, rows: int, high_sum: int, low_sum: int) -> None:
+        """Add what PostgreSQL summed over some rows (``archive_db.sql_digest``)."""
+        self.rows += rows
+        self.total = (self.total + high_sum * 2**64 + low_sum) % _SQL_DIGEST_MODULUS
+
+    def merge(self, other: SqlDigest) -> None:
+        """Add the digest of other rows (another range of the same relation)."""
+        self.rows += other.rows
+        self.total = (self.total + other.total) % _SQL_DIGEST_MODULUS
+
+    def add_row_hashes(self, hashes: Iterable[bytes]) -> None:
+        """Add rows by their SHA-256 as PostgreSQL gave it: the same sums, taken in Python."""
+        total, rows, from_bytes = self.total, self.rows, int.from_bytes
+        for row_hash in hashes:
+            rows += 1
+            high = from_bytes(row_hash[:8], "big", signed=True)
+            total += high * 2**64 + from_bytes(row_hash[8:16], "big", signed=True)
+        self.rows, self.total = rows, total % _SQL_DIGEST_MODULUS
+
+    @property
+    def hex(self) -> str:
+        return f"{self.total:032x}"

@@ -26,9 +26,10 @@ from metering.history.archive import (
     archive_history,
     archive_listing,
     restore_month,
+    write_month,
 )
 from metering.history.archive_files import ArchiveStore
-from metering.history.archive_plan import months_before, period_label
+from metering.history.archive_plan import SqlDigest, months_before, period_label
 from metering.history.partitions import month_start, months_after
 from tests.security.test_database_role import app_role  # noqa: F401  (the role, as deployed)
 
@@ -198,15 +199,7 @@ def test_a_crash_after_the_file_was_written_is_finished_by_the_next_run(engine, 
     )
     store = ArchiveStore(str(arch.archive_url))
     cols = archive_db.columns(db, old.name)
-    with db.transaction():  # what a run killed after writing the file had done
-        store.write(
-            table=old.table,
-            month=old.month,
-            partition=old.name,
-            columns=cols,
-            batches=archive_db.stream_rows(db, old.name, cols, 2),
-            now=NOW,
-        )
+    write_month(engine, store, old, cols, NOW)  # what a run killed after writing had done
     assert exists(db, old.name)
 
     report = archive_history(engine, arch, NOW)
@@ -226,22 +219,12 @@ def test_a_damaged_file_fails_verification_and_nothing_is_dropped(
     )
     cols = archive_db.columns(db, old.name)
     store = ArchiveStore(str(arch.archive_url))
-    with db.transaction():
-        rows = [r for batch in archive_db.stream_rows(db, old.name, cols, 100) for r in batch]
-        store.write(
-            table=old.table,
-            month=old.month,
-            partition=old.name,
-            columns=cols,
-            batches=[rows],
-            now=NOW,
-        )
+    manifest = write_month(engine, store, old, cols, NOW)
     data = archive_dir / "audit_log" / f"{period_label(OLD_MONTH)}.parquet"
     if damage == "truncated":
         data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
     else:  # a complete Parquet file of fewer rows than its manifest says
-        manifest = store.manifest(old.table, old.month)
-        assert manifest is not None
+        rows = [r for batch in store.read(manifest) for r in batch]
         text = (archive_dir / "audit_log" / f"{period_label(OLD_MONTH)}.json").read_text()
         store.write(
             table=old.table,
@@ -250,6 +233,7 @@ def test_a_damaged_file_fails_verification_and_nothing_is_dropped(
             columns=cols,
             batches=[rows[:1]],
             now=NOW,
+            sql_digest=SqlDigest(rows=1),
         )
         (archive_dir / "audit_log" / f"{period_label(OLD_MONTH)}.json").write_text(text)
 

@@ -4,13 +4,23 @@ archive only once its manifest is. Real files in a temporary directory."""
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime
+import json
+from datetime import UTC, date, datetime, timedelta, timezone
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
-from metering.history.archive_files import ArchiveFileError, ArchiveStore, Column
-from metering.history.archive_plan import Digest
+from metering.history.archive_files import (
+    FORMAT_1,
+    ArchiveFileError,
+    ArchiveStore,
+    Column,
+    arrow_schema,
+    arrow_type,
+)
+from metering.history.archive_plan import SqlDigest
+from metering.history.arrow_digest import ArrowDigest
 
 MONTH = date(2025, 9, 1)
 NOW = datetime(2026, 12, 2, tzinfo=UTC)
@@ -44,6 +54,11 @@ ROWS = [
 ]
 
 
+def counted(rows: int) -> SqlDigest:
+    """A SQL digest as the database would have counted ``rows`` rows (no database here)."""
+    return SqlDigest(rows=rows, total=rows)
+
+
 def write(store: ArchiveStore, rows=ROWS, columns=COLUMNS):
     return store.write(
         table="events",
@@ -52,6 +67,7 @@ def write(store: ArchiveStore, rows=ROWS, columns=COLUMNS):
         columns=columns,
         batches=[rows[:2], rows[2:]],
         now=NOW,
+        sql_digest=counted(len(rows)),
     )
 
 
@@ -60,10 +76,9 @@ def test_every_type_reads_back_as_the_same_value(tmp_path: Path):
     manifest = write(store)
     read = [row for batch in store.read(manifest) for row in batch]
     assert read == ROWS
-    digest = Digest()
-    digest.add(ROWS)
-    assert (manifest.rows, manifest.digest) == (3, digest.hex)
-    assert store.digest(manifest).hex == digest.hex
+    assert (manifest.rows, manifest.sql_digest) == (3, counted(3).hex)
+    read_back = store.digest(manifest)
+    assert (read_back.rows, read_back.hex) == (3, manifest.digest)
     assert store.manifest("events", MONTH) == manifest
     assert sorted(p.name for p in (tmp_path / "events").iterdir()) == [
         "2025-09.json",
@@ -99,3 +114,77 @@ def test_a_type_without_an_exact_parquet_twin_is_refused(tmp_path: Path):
         write(ArchiveStore(str(tmp_path)), rows=[(1,)], columns=[Column("p", "point")])
     assert not list(tmp_path.rglob("*.partial-*"))
     assert ArchiveStore(str(tmp_path)).manifest("events", MONTH) is None
+
+
+# --- the file digest of format 2 (metering/history/arrow_digest.py) ---------------------------
+
+TEXTS = [Column("a", "text"), Column("b", "text")]
+LISTS = [Column("l", "text[]")]
+
+
+def arrow_digest(columns: list[Column], *batches: list[tuple]) -> str:
+    digest = ArrowDigest()
+    for rows in batches:
+        values = list(zip(*rows, strict=True))
+        typed = zip(values, columns, strict=True)
+        arrays = [pa.array(list(v), arrow_type(c.pg_type)) for v, c in typed]
+        digest.add(pa.RecordBatch.from_arrays(arrays, schema=arrow_schema(columns)))
+    return digest.hex
+
+
+@pytest.mark.parametrize(
+    ("columns", "one", "other"),
+    [
+        (TEXTS, ("", None), (None, "")),  # NULL is not the empty text
+        (TEXTS, ("null", None), (None, None)),
+        (TEXTS, ("a|1:b", None), ("a", "b")),  # a separator inside a value stays a value
+        (TEXTS, ("ab", ""), ("a", "b")),
+        (LISTS, ([],), (None,)),  # an empty list is not a NULL list
+        (LISTS, ([None],), ([],)),
+        (LISTS, ([""],), ([],)),
+        (LISTS, (["a,b"],), (["a", "b"],)),
+        (LISTS, (["a", None],), ([None, "a"],)),  # a list keeps its order
+        ([Column("n", "bigint")], (1,), (-1,)),
+        ([Column("f", "boolean")], (True,), (None,)),
+        ([Column("x", "bytea")], (b"\x00",), (b"",)),
+        ([Column("i", "bigint[]")], ([1, None],), ([1],)),
+    ],
+)
+def test_the_format_2_digest_tells_apart_rows_that_differ_only_subtly(columns, one, other):
+    assert arrow_digest(columns, [one]) != arrow_digest(columns, [other])
+
+
+def test_the_format_2_digest_ignores_row_order_and_batches_but_counts_repeats():
+    rows = [(str(i), None if i % 2 else "x") for i in range(7)]
+    whole = arrow_digest(TEXTS, rows)
+    assert arrow_digest(TEXTS, rows[4:], rows[:4]) == whole
+    assert arrow_digest(TEXTS, list(reversed(rows))) == whole
+    assert arrow_digest(TEXTS, rows + rows[:1]) != whole
+
+
+def test_the_format_2_digest_takes_a_time_as_its_instant():
+    columns = [Column("t", "timestamp with time zone")]
+    utc = datetime(2025, 9, 1, 12, 0, 0, 1, tzinfo=UTC)
+    paris = utc.astimezone(timezone(timedelta(hours=2)))
+    assert arrow_digest(columns, [(utc,)]) == arrow_digest(columns, [(paris,)])
+    assert arrow_digest(columns, [(utc,)]) != arrow_digest(
+        columns, [(utc + timedelta(microseconds=1),)]
+    )
+
+
+def test_a_manifest_of_format_1_is_read_and_an_unknown_format_refused(tmp_path: Path):
+    store = ArchiveStore(str(tmp_path))
+    manifest = write(store)
+    path = tmp_path / "events" / "2025-09.json"
+    data = json.loads(path.read_text())
+    del data["sql_digest"], data["sql_digest_kind"]
+    path.write_text(json.dumps({**data, "format": FORMAT_1}))
+    old = store.manifest("events", MONTH)
+    assert old is not None and (old.format, old.sql_digest, old.digest) == (
+        FORMAT_1,
+        None,
+        manifest.digest,
+    )
+    path.write_text(json.dumps({**data, "format": "fairmeter-archive/9"}))
+    with pytest.raises(ArchiveFileError, match="not known"):
+        store.manifest("events", MONTH)
