@@ -1,9 +1,10 @@
 """The statement read model: one row per (run, statement period), kept by settlement.
 
 Decisions are history; this table is a projection of them for fast statements (a page is an
-index range scan; totals and chart read ``statement_totals``, kept beside it). ``*_abs`` hold the run's position after the latest
-decision on this statement; ``base_*`` the position the previous statement left (zero for a
-run's own period), so the line shows ``abs - base``.
+index range scan; totals and chart read ``statement_totals``, kept beside it). ``*_abs``
+hold the run's position after the latest decision on this statement; ``base_*`` the
+position the previous statement left (zero for a run's own period), so the line shows
+``abs - base``.
 """
 
 from __future__ import annotations
