@@ -18,6 +18,7 @@ from metering.keys_repo import create_key
 from metering.migrate import upgrade
 from metering.prices import PROVIDER_COSTS, insert_prices
 from tests.helpers import ROOT
+from tests.helpers.browser import chromium
 from tests.helpers.catalog import stable_costs, stable_prices
 from tests.helpers.database import DATA_TABLES, TEST_PEPPER
 from tests.helpers.processes import free_port, service_env, wait_http
@@ -132,3 +133,16 @@ def live_server(settings: Settings) -> Iterator[str]:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    """One headless Chromium for the whole session, for every test that drives a page.
+
+    Playwright's sync API runs an event loop on the thread that opened it; a second
+    ``chromium()`` opened while this one lives fails ("Sync API inside the asyncio loop").
+    So each test takes this fixture instead of opening its own: the make-up test failed
+    when the browser tests ran before it in one session.
+    """
+    with chromium() as instance:
+        yield instance

@@ -1,4 +1,4 @@
-"""Browser tests: one headless Chromium per session (tests/helpers/browser.py)."""
+"""Browser tests: a tab of the session's headless Chromium (``browser`` in tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,9 @@ from typing import Any
 import pytest
 
 from tests.helpers import ROOT
-from tests.helpers.browser import chromium
 
 ARTIFACTS = ROOT / "test-artifacts"
 WAIT_MS = 10_000  # per browser step; generous, the test machine is shared
-
-
-@pytest.fixture(scope="session")
-def browser() -> Iterator[Any]:
-    with chromium() as instance:
-        yield instance
 
 
 @pytest.fixture

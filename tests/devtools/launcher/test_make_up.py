@@ -33,7 +33,6 @@ from metering.policy.status import AGENT_RUNNING
 from metering.prices import read_catalog_file
 from metering.pricing import PriceCatalog, TokenCounts
 from tests.helpers import ROOT
-from tests.helpers.browser import chromium
 from tests.helpers.events import STRUCTURED, auth, usage
 from tests.helpers.processes import free_port
 
@@ -194,7 +193,7 @@ def wait_for_meter_events(url: str, customers: int) -> dict[str, Any]:
         time.sleep(0.5)
 
 
-def test_make_up_serves_an_event_and_ctrl_c_leaves_no_process_behind(launch):
+def test_make_up_serves_an_event_and_ctrl_c_leaves_no_process_behind(launch, browser):
     proc, output, port = launch.proc, launch.output, launch.port
     # The summary comes last, after the demo, so it is what the terminal shows.
     output.wait_for(r"^(Fairmeter is up)\.$", proc, START_TIMEOUT_S + DEMO_TIMEOUT_S)
@@ -257,7 +256,7 @@ def test_make_up_serves_an_event_and_ctrl_c_leaves_no_process_behind(launch):
     assert run.json()["gross_micros"] == priced.total_micros
 
     assert_the_readme_cli_reaches_this_instance(launch, base)
-    assert_the_readme_walks_from_a_first_event_to_a_credit(launch, base)
+    assert_the_readme_walks_from_a_first_event_to_a_credit(launch, base, browser)
     assert_the_terminal_shows_the_summary_last_and_no_info_lines(launch)
 
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
@@ -337,7 +336,9 @@ def readme_shell_steps(base: str) -> str:
     )
 
 
-def assert_the_readme_walks_from_a_first_event_to_a_credit(launch: Launch, base: str) -> None:
+def assert_the_readme_walks_from_a_first_event_to_a_credit(
+    launch: Launch, base: str, browser: Any
+) -> None:
     """Issue #15 "Done means": the README from a first event to a settled run, the statement
     opened as the customer (a link, in a browser with no key) and a credit in the console."""
     script = readme_shell_steps(base) + '\necho\necho "support-key=$FAIRMETER_SUPPORT_KEY"\n'
@@ -357,9 +358,10 @@ def assert_the_readme_walks_from_a_first_event_to_a_credit(launch: Launch, base:
     assert run["settled"] and run["outcome"] == "confirmed", run
     assert run["billed_micros"] == run["gross_micros"] > 0
 
-    with chromium() as browser:
-        support = browser.new_context(viewport={"width": 1280, "height": 1000})
-        customer = browser.new_context()  # the customer's own browser: no session, no key
+    # The session's browser (tests/conftest.py): a second sync Playwright on this thread fails.
+    support = browser.new_context(viewport={"width": 1280, "height": 1000})
+    customer = browser.new_context()  # the customer's own browser: no session, no key
+    try:
         page = support.new_page()
         page.set_default_timeout(30_000)
         page.goto(f"{base}/console")
@@ -388,6 +390,9 @@ def assert_the_readme_walks_from_a_first_event_to_a_credit(launch: Launch, base:
         statement.reload()
         assert statement.locator("#total-credited").inner_text() == gross
         assert statement.locator("#total-restored-runs").inner_text() == "1"
+    finally:
+        support.close()
+        customer.close()
     credited = httpx.get(f"{base}/v1/runs/run-42", headers=auth(support_key), timeout=10).json()
     assert credited["credited_micros"] == run["gross_micros"]
     assert credited["billed_micros"] == 0
