@@ -86,7 +86,16 @@ def ensure_partitions() -> int:
 
 # An archive run reads and writes whole months: far longer than the default limits. A
 # redelivered or second run finds the advisory lock taken and returns at once.
-@app.task(name="fairmeter.archive_history", soft_time_limit=6 * 3600, time_limit=6 * 3600 + 60)
+# Acknowledged when it starts, unlike the other tasks: RabbitMQ closes a channel whose
+# delivery stays unacknowledged past its consumer_timeout (30 minutes by default), and a
+# month can take hours. Nothing is lost if its worker dies: the month stays in the database
+# until its file is verified, and the next daily run finishes it.
+@app.task(
+    name="fairmeter.archive_history",
+    soft_time_limit=6 * 3600,
+    time_limit=6 * 3600 + 60,
+    acks_late=False,
+)
 def archive_history_task() -> int:
     """Daily: archive the months past retention (metering/history/archive.py)."""
     archive_db = archive_engine(settings())  # as the tables' owner, when configured

@@ -362,6 +362,16 @@ def test_the_beat_asks_a_worker_to_archive_every_interval(settings):
     assert entry["schedule"] == settings.archive_interval_s == 86400
 
 
+def test_the_archive_task_is_acknowledged_when_it_starts():
+    """A month can take hours; RabbitMQ closes the channel of a delivery left unacknowledged
+    past its consumer_timeout (30 minutes by default), so the archive may not ack late."""
+    import reconciler.tasks  # noqa: F401  (registers the worker's tasks)
+    from reconciler.celery_app import app as celery_app
+
+    assert celery_app.conf.task_acks_late is True  # every other task
+    assert celery_app.tasks["fairmeter.archive_history"].acks_late is False
+
+
 def test_a_second_run_while_one_is_under_way_does_nothing(engine, db, arch):
     from metering.history.archive import ADVISORY_LOCK
 
