@@ -26,7 +26,7 @@ and trigger in place. ANALYZE follows the load, as autovacuum would.
 Databases of its own (``fairmeter_bench_growth``, ``…_small``, ``…_empty``), dropped at the
 end unless ``--keep``. Writes the "Growth" section of docs/benchmarks.md.
 
-    uv run --frozen python bench/growth.py [--events 10000000] [--rounds 7] [--keep]
+    uv run --frozen python bench/growth.py [--events 10000000] [--rounds 15] [--keep]
 """
 
 from __future__ import annotations
@@ -432,22 +432,37 @@ def backend_cpu_s(pid: int) -> float:
         return int(f.read().split()[0]) / 1e9
 
 
-def bench_sweep(url: str, now: datetime, rounds: int) -> dict[str, float]:
-    """Median wall and backend CPU of park + claim (rolled back each round) at ``now``."""
-    with psycopg.connect(url, options=SESSION_OPTIONS) as conn:
-        pid = conn.info.backend_pid
-        walls, cpus, claimed = [], [], 0
+def bench_sweeps(
+    small_url: str, url: str, now: datetime, rounds: int
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Median wall and backend CPU of park + claim (rolled back each round) at ``now``, on
+    the small database and on the history, a round of each in turn. Measured one database
+    after the other, as before, the ratio swung between 0.9 and 1.5 with what else the host
+    ran and what the history's build had left in the caches."""
+    with (
+        psycopg.connect(small_url, options=SESSION_OPTIONS) as small,
+        psycopg.connect(url, options=SESSION_OPTIONS) as big,
+    ):
+        walls: tuple[list[float], list[float]] = ([], [])
+        cpus: tuple[list[float], list[float]] = ([], [])
+        claimed = [0, 0]
         for i in range(rounds + 1):  # the first round warms caches and plans
-            cpu, started = backend_cpu_s(pid), time.perf_counter()
-            park_poison_runs(conn, now, 5)
-            claimed = len(claim_due_runs(conn, now, WINDOWS, limit=5000, lease=LEASE))
-            wall = time.perf_counter() - started
-            cpu = backend_cpu_s(pid) - cpu
-            conn.rollback()
-            if i:
-                walls.append(wall)
-                cpus.append(cpu)
-    return {"wall_ms": median_ms(walls), "cpu_ms": median_ms(cpus), "claimed": claimed}
+            for k, conn in enumerate((small, big)):
+                pid = conn.info.backend_pid
+                cpu, started = backend_cpu_s(pid), time.perf_counter()
+                park_poison_runs(conn, now, 5)
+                claimed[k] = len(claim_due_runs(conn, now, WINDOWS, limit=5000, lease=LEASE))
+                wall = time.perf_counter() - started
+                cpu = backend_cpu_s(pid) - cpu
+                conn.rollback()
+                if i:
+                    walls[k].append(wall)
+                    cpus[k].append(cpu)
+    small_result, big_result = (
+        {"wall_ms": median_ms(walls[k]), "cpu_ms": median_ms(cpus[k]), "claimed": claimed[k]}
+        for k in (0, 1)
+    )
+    return small_result, big_result
 
 
 def bench_statement(url: str, customer: str, period: str, rounds: int) -> dict[str, float]:
@@ -492,7 +507,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=10_000_000, help="history's events")
     parser.add_argument("--big-runs", type=int, default=100_000, help="the big customer's runs")
     parser.add_argument("--batches", type=int, default=20, help="ingest batches measured")
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--keep", action="store_true", help="keep the databases")
     parser.add_argument("--no-docs", action="store_true")
     args = parser.parse_args()
@@ -513,14 +528,13 @@ def main() -> None:
     print(f"small database: {small.runs:,} runs of history", flush=True)
     small_url = fresh_database(SMALL_DATABASE)
     small_built = build_history(small_url, small, now, big_month)
-    sweep_small = bench_sweep(small_url, now, args.rounds)
 
     print(f"history: {big.runs:,} runs, {args.events:,} events …", flush=True)
     url = fresh_database(BIG_DATABASE)
     prepare_prices(url)
     built = build_history(url, big, now, big_month)
     print(f"  built in {built['seconds']:.0f} s, {built['bytes'] / 1e9:.2f} GB", flush=True)
-    sweep_big = bench_sweep(url, now, args.rounds)
+    sweep_small, sweep_big = bench_sweeps(small_url, url, now, args.rounds)
     statement_big = bench_statement(url, BIG_CUSTOMER, period, args.rounds)
     statement_small = bench_statement(url, "c00001", period, args.rounds)
     # The plans before ingest adds runs of its own; each EXPLAIN ANALYZE is rolled back.
@@ -651,7 +665,8 @@ class Results:
             f"{self.small_built['bytes'] / 1e6:.0f} MB.",
             f"- Ingest: the use case in process, {self.args.batches} batches of 1,000 events "
             "after 4 warm-up batches, each committed, median; sweep: median of "
-            f"{self.args.rounds} rounds, each rolled back, CPU of the PostgreSQL backend; "
+            f"{self.args.rounds} rounds, each rolled back, CPU of the PostgreSQL backend, "
+            "a round on each database in turn once both are built; "
             f"statement: `statement_page`'s queries and the chart's, median of {self.args.rounds}.",
             "",
             "| measurement | small | with history | ratio and bar | |",

@@ -131,6 +131,8 @@ def write_report(
             "The statement reads the `statement_lines` read model (one row per run and statement,",
             "kept by settlement); index `ix_statement_lines_page` on",
             "(tenant, customer, statement_period, ended_at, run_id) makes a page a range scan.",
+            "Its totals read `statement_totals` (sums by kind, outcome and day, kept by settlement",
+            "beside the lines since migration 0026), a few dozen rows: (a) is what they replaced.",
             "",
             "EXPLAIN ANALYZE of the page query:",
             "",
