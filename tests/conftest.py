@@ -135,14 +135,16 @@ def live_server(settings: Settings) -> Iterator[str]:
             proc.kill()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """One headless Chromium for the whole session, for every test that drives a page.
+    """A headless Chromium for the tests of one module that drive pages, closed after them.
 
-    Playwright's sync API runs an event loop on the thread that opened it; a second
-    ``chromium()`` opened while this one lives fails ("Sync API inside the asyncio loop").
-    So each test takes this fixture instead of opening its own: the make-up test failed
-    when the browser tests ran before it in one session.
+    Playwright's sync API runs its event loop on the thread that opened it, and the loop
+    counts as running on that thread until the browser is closed: a second ``chromium()``
+    fails ("Sync API inside the asyncio loop"), and so does any ``asyncio.run`` (the
+    capacity bench's load generator). So no test opens its own, and none outlives its
+    module: the make-up test failed when the browser tests ran before it, and the capacity
+    smoke test when a browser opened by an earlier module was still open.
     """
     with chromium() as instance:
         yield instance

@@ -1,4 +1,4 @@
-"""Browser tests: a tab of the session's headless Chromium (``browser`` in tests/conftest.py)."""
+"""Browser tests: a tab of the module's headless Chromium (``browser`` in tests/conftest.py)."""
 
 from __future__ import annotations
 
