@@ -53,11 +53,12 @@ def archive_list() -> None:
     """Months in the archive, and months past retention still in the database."""
     settings = load_cli_settings()
     listing = archive_listing(archive_engine(settings), settings, datetime.now(UTC))
-    click.echo("archived:")
+    # An empty heading says "none": a blank under it reads like output that went missing.
+    click.echo("archived:" + ("" if listing.archived else " none"))
     for a in listing.archived:
         state = f"restored {a.restored_at:%Y-%m-%d %H:%M}" if a.restored_at else "archived"
         click.echo(f"  {a.table} {period_label(a.month)} {a.rows} row(s) {state} {a.url}")
-    click.echo("past retention, in the database:")
+    click.echo("past retention, in the database:" + ("" if listing.waiting else " none"))
     for w in listing.waiting:
         click.echo(f"  {w.table} {w.period} {w.rows} row(s) {w.outcome}")
 

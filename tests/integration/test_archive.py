@@ -308,6 +308,11 @@ def cli(arch: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 
 def test_the_cli_archives_lists_and_restores(db, cli):
+    empty = cli("list")
+    assert empty.output.splitlines()[:2] == [
+        "archived: none",
+        "past retention, in the database: none",
+    ], empty.output
     make_months(db, OLD)
     audit_rows(db, OLD)
     period = period_label(OLD_MONTH)
