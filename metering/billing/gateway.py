@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import Decimal
 from enum import Enum
 from typing import Any
 
@@ -66,6 +66,19 @@ class InvoiceView:
     amount_remaining: int
     line_id: str | None  # the metered line for our meter
     unit_amount_minor: Decimal
+    line_quantity: int = 0
+    line_amount_minor: int = 0
+    amount_paid: int = 0  # paid by charge; what the balance paid is not in it
+
+
+@dataclass(frozen=True, slots=True)
+class CreditNoteView:
+    """A credit note on an invoice, as issuing the next one needs it."""
+
+    id: str
+    amount_minor: int
+    identifier: str | None  # ours: metadata.fairmeter_identifier
+    refunded_minor: int  # what it refunded to the customer's payment
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +212,7 @@ class StripeGateway:
 
     def _view(self, invoice: Any) -> InvoiceView:
         data: dict[str, Any] = invoice.to_dict()
-        lines: list[dict[str, Any]] = (data.get("lines") or {}).get("data") or []
+        lines = self._lines(data)
         line = self._metered_line(lines, self.meter_id())
         unit = Decimal(0)
         if line is not None:
@@ -212,7 +225,23 @@ class StripeGateway:
             amount_remaining=int(data["amount_remaining"]),
             line_id=None if line is None else str(line["id"]),
             unit_amount_minor=unit,
+            line_quantity=0 if line is None else int(line.get("quantity") or 0),
+            line_amount_minor=0 if line is None else int(line.get("amount") or 0),
+            amount_paid=int(data.get("amount_paid") or 0),
         )
+
+    def _lines(self, invoice: dict[str, Any]) -> list[dict[str, Any]]:
+        """Every line of the invoice. Retrieved, an invoice holds "the first handful" of its
+        lines and a URL for the rest (SDK docstring of ``invoices.line_items.list``): with
+        several prices our meter's line may not be among them."""
+        embedded = invoice.get("lines") or {}
+        if not embedded.get("has_more"):
+            return list(embedded.get("data") or [])
+        self._limiter.acquire()
+        page: Any = self._client.v1.invoices.line_items.list(
+            str(invoice["id"]), params={"limit": 100}
+        )
+        return [line.to_dict() for line in page.auto_paging_iter()]
 
     def _metered_line(self, lines: list[dict[str, Any]], meter: str) -> dict[str, Any] | None:
         """The invoice line that bills ``meter``. Stripe ties a usage line to its meter only
@@ -236,31 +265,40 @@ class StripeGateway:
             self._price_meters[price] = recurring.get("meter")
         return self._price_meters[price]
 
-    def find_credit_note(self, invoice_id: str, identifier: str) -> tuple[str, int] | None:
-        """(id, amount) of the credit note we issued as ``identifier`` on the invoice, if
-        any: how a retry learns that an earlier attempt took effect."""
+    def credit_notes_of(self, invoice_id: str) -> list[CreditNoteView]:
+        """Every credit note on the invoice, ours and others': a retry learns from them
+        whether an earlier attempt took effect, and the next note what was refunded."""
         self._limiter.acquire()
         page: Any = self._client.v1.credit_notes.list(params={"invoice": invoice_id, "limit": 100})
+        notes = []
         for note in page.auto_paging_iter():
-            if (note.to_dict().get("metadata") or {}).get("fairmeter_identifier") == identifier:
-                return str(note.id), int(note.amount)
-        return None
+            data = note.to_dict()
+            refunds = data.get("refunds") or []
+            notes.append(
+                CreditNoteView(
+                    id=str(data["id"]),
+                    amount_minor=int(data["amount"]),
+                    identifier=(data.get("metadata") or {}).get("fairmeter_identifier"),
+                    refunded_minor=sum(int(r.get("amount_refunded") or 0) for r in refunds),
+                )
+            )
+        return notes
 
     def create_credit_note(
         self,
         *,
         invoice: InvoiceView,
         amount_minor: int,
-        after_payment: str,
+        refund_minor: int,
+        credit_minor: int,
         identifier: str,
         metadata: dict[str, str],
         key: str,
     ) -> str:
-        """A credit note on the invoice's metered line, in the invoice's currency. What the
-        invoice still owes is lowered first (pre-payment); the rest is refunded or credited
-        to the customer's balance in that currency ("Create a credit note")."""
-        post_payment = max(0, amount_minor - invoice.amount_remaining)
-        split = {"refund_amount" if after_payment == "refund" else "credit_amount": post_payment}
+        """A credit note of ``amount_minor`` on the invoice's metered line, in the invoice's
+        currency. Stripe takes it off what the invoice still owes first (pre-payment); the
+        rest must be split exactly into ``refund_minor`` and ``credit_minor`` (to the
+        customer's balance in that currency) — "Create a credit note"."""
         line: dict[str, Any] = {
             "type": "custom_line_item",
             "unit_amount": amount_minor,
@@ -273,6 +311,7 @@ class StripeGateway:
                 "invoice_line_item": invoice.line_id,
                 "amount": amount_minor,
             }
+        split = {"refund_amount": refund_minor, "credit_amount": credit_minor}
         self._limiter.acquire()
         note = self._client.v1.credit_notes.create(
             params={
@@ -282,9 +321,9 @@ class StripeGateway:
                 "metadata": {**metadata, "fairmeter_identifier": identifier},
                 **{name: value for name, value in split.items() if value},  # type: ignore[typeddict-item]
             },
-            # The split depends on what the invoice owed at this attempt: a different split
-            # is a different request (and find_credit_note guards against a second note).
-            options={"idempotency_key": f"{key}:{post_payment}"},
+            # The split depends on what the invoice owed and had refunded at this attempt: a
+            # different split is a different request (and the note list guards against two).
+            options={"idempotency_key": f"{key}:{refund_minor}:{credit_minor}"},
         )
         return str(note.id)
 
@@ -295,8 +334,3 @@ def line_price(line: dict[str, Any]) -> str | dict[str, Any] | None:
     details = (line.get("pricing") or {}).get("price_details") or {}
     price = details.get("price") or line.get("price")
     return price if isinstance(price, str | dict) else None
-
-
-def minor_amount(units: int, unit_amount_minor: Decimal) -> int:
-    """What ``units`` of the metered line cost in the invoice's minor currency unit."""
-    return int((unit_amount_minor * units).to_integral_value(rounding=ROUND_HALF_UP))

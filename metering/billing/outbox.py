@@ -11,7 +11,7 @@ import msgspec
 import psycopg
 from psycopg.types.json import Jsonb
 
-from metering.billing.plan import BillingPeriods, Carry, Sent, Step, carry_effect
+from metering.billing.plan import BillingPeriods, Sent, Step, carry_effect
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,53 +101,64 @@ def load_sent(conn: psycopg.Connection[Any], run_id: int) -> list[Sent]:
     return [Sent(*r) for r in rows]
 
 
-CarryKey = tuple[str, str, str]  # tenant, customer, period
+CustomerKey = tuple[str, str]  # tenant, customer
 
 
-def carry_key(item: OutboxItem) -> CarryKey:
-    return (item.tenant_id, item.customer_id, item.period)
+def customer_key(item: OutboxItem) -> CustomerKey:
+    return (item.tenant_id, item.customer_id)
 
 
-def lock_carries(conn: psycopg.Connection[Any], keys: Sequence[CarryKey]) -> dict[CarryKey, Carry]:
-    """The carries for ``keys``, created at zero if new, locked until commit: two
-    statements for a whole round (one lock order for everyone: sorted)."""
+def lock_carries(
+    conn: psycopg.Connection[Any], keys: Sequence[CustomerKey]
+) -> dict[CustomerKey, dict[str, int]]:
+    """Every period's carry of the customers ``keys``, locked until commit (one lock order
+    for everyone: sorted). A period without a row has a carry of 0."""
     wanted = sorted(set(keys))
-    columns = ([k[0] for k in wanted], [k[1] for k in wanted], [k[2] for k in wanted])
-    conn.execute(
-        "INSERT INTO stripe_carries (tenant_id, customer_id, period) "
-        "SELECT * FROM unnest(%s::text[], %s::text[], %s::text[]) ON CONFLICT DO NOTHING",
-        columns,
-    )
     rows = conn.execute(
-        "SELECT tenant_id, customer_id, period, meter_carry_micros, credit_carry_micros "
-        "FROM stripe_carries WHERE (tenant_id, customer_id, period) IN "
-        "(SELECT * FROM unnest(%s::text[], %s::text[], %s::text[])) "
+        "SELECT tenant_id, customer_id, period, carry_micros FROM stripe_carries "
+        "WHERE (tenant_id, customer_id) IN (SELECT * FROM unnest(%s::text[], %s::text[])) "
         "ORDER BY tenant_id, customer_id, period FOR UPDATE",
-        columns,
+        ([k[0] for k in wanted], [k[1] for k in wanted]),
     ).fetchall()
-    return {(t, c, p): Carry(int(meter), int(credit)) for t, c, p, meter, credit in rows}
+    carries: dict[CustomerKey, dict[str, int]] = {key: {} for key in wanted}
+    for tenant, customer, period, micros in rows:
+        carries[(tenant, customer)][period] = int(micros)
+    return carries
+
+
+def add_to_carries(
+    conn: psycopg.Connection[Any], tenant: str, customer: str, moved: dict[str, int]
+) -> None:
+    """Add ``moved`` (period → micros) to the customer's carries (a row made if new)."""
+    if moved:
+        _upsert_carries(conn, [(tenant, customer, p, m) for p, m in moved.items()], add=True)
+
+
+def _upsert_carries(
+    conn: psycopg.Connection[Any], rows: Sequence[tuple[str, str, str, int]], *, add: bool
+) -> None:
+    rows = sorted(rows)
+    value = "EXCLUDED.carry_micros"
+    if add:
+        value = f"stripe_carries.carry_micros + {value}"
+    conn.execute(
+        "INSERT INTO stripe_carries (tenant_id, customer_id, period, carry_micros) "
+        "SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[]) "
+        f"ON CONFLICT (tenant_id, customer_id, period) DO UPDATE SET carry_micros = {value}",
+        tuple([r[i] for r in rows] for i in range(4)),
+    )
 
 
 def save_plans(
     conn: psycopg.Connection[Any],
     plans: Sequence[tuple[OutboxItem, list[Step]]],
-    carries: dict[CarryKey, Carry],
+    carries: dict[CustomerKey, dict[str, int]],
 ) -> None:
     """Persist the rows' plans and the carries after them, before any call."""
-    conn.execute(
-        """
-        UPDATE stripe_carries c SET meter_carry_micros = u.m, credit_carry_micros = u.cr
-        FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[], %s::bigint[])
-             AS u(t, cu, p, m, cr)
-        WHERE c.tenant_id = u.t AND c.customer_id = u.cu AND c.period = u.p
-        """,
-        (
-            [k[0] for k in carries],
-            [k[1] for k in carries],
-            [k[2] for k in carries],
-            [c.meter_micros for c in carries.values()],
-            [c.credit_micros for c in carries.values()],
-        ),
+    _upsert_carries(
+        conn,
+        [(t, c, p, micros) for (t, c), by in carries.items() for p, micros in by.items()],
+        add=False,
     )
     conn.execute(
         """
@@ -249,6 +260,19 @@ def _insert_deliveries(conn: psycopg.Connection[Any], done: Sequence[Delivery]) 
     )
 
 
+def credited_on_invoice(
+    conn: psycopg.Connection[Any], tenant: str, invoice_id: str
+) -> tuple[int, int]:
+    """``(units, minor)`` our recorded credit notes took off ``invoice_id`` (notes that came
+    to 0 minor units included: their units are credited by a later note)."""
+    row = conn.execute(
+        "SELECT COALESCE(sum(units), 0), COALESCE(sum(amount_minor), 0) FROM stripe_deliveries "
+        "WHERE tenant_id = %s AND kind = 'credit_note' AND invoice_id = %s",
+        (tenant, invoice_id),
+    ).fetchone()
+    return (int(row[0]), int(row[1])) if row else (0, 0)
+
+
 def finish_empty(conn: psycopg.Connection[Any], item: OutboxItem, now: datetime) -> None:
     conn.execute(
         "UPDATE stripe_outbox SET status = CASE WHEN status = 'pending' THEN 'sent' ELSE status "
@@ -332,20 +356,14 @@ def _give_back_carries(conn: psycopg.Connection[Any], ids: Sequence[int], unit_m
     if not ids:
         return
     rows = conn.execute(
-        "SELECT tenant_id, customer_id, period, plan, next_step FROM stripe_outbox "
+        "SELECT tenant_id, customer_id, plan, next_step FROM stripe_outbox "
         "WHERE id = ANY(%s) ORDER BY id FOR UPDATE",
         (list(ids),),
     ).fetchall()
-    for tenant, customer, period, steps, next_step in rows:
+    for tenant, customer, steps, next_step in rows:
         unsent = [Step.from_json(s) for s in (steps or [])[next_step:]]
         effect = carry_effect(unsent, unit_micros)
-        if effect != Carry():
-            conn.execute(
-                "UPDATE stripe_carries SET meter_carry_micros = meter_carry_micros - %s, "
-                "credit_carry_micros = credit_carry_micros - %s "
-                "WHERE tenant_id = %s AND customer_id = %s AND period = %s",
-                (effect.meter_micros, effect.credit_micros, tenant, customer, period),
-            )
+        add_to_carries(conn, tenant, customer, {p: -m for p, m in effect.items()})
 
 
 def billing_periods(

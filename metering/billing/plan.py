@@ -20,16 +20,23 @@ version with billed amount ``T``:
   adjust a finalized invoice), by quantity of that invoice's metered line, so Stripe prices
   it in the invoice's own currency. No customer balance credits any more.
 
-Meter values and credited quantities are whole units of ``unit_micros``; the remainders are
-carried per customer and period (``carry``), so Σ units × unit + carry = Σ micros, exactly.
+Meter values and credited quantities are whole units of ``unit_micros``. Rounding has one
+owner (``metering/billing/rounding.py``): every step, a meter event or a cancel or a credit
+note, turns micros into units through ONE carry per customer and period the step lands in
+(``Carries``, keyed by the UTC month of the step's date), so per customer and period
+Σ units × unit + carry = Σ micros exactly and Stripe bills ⌊Σ micros / unit⌋ units. A
+decrease is credited on the invoice of each period where the run's money sits, newest first,
+never more there than the run still has on that invoice.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
+
+from metering.billing.rounding import to_units
 
 MICROS_PER_CENT = 10_000
 MAX_METER_AGE = timedelta(days=35) - timedelta(hours=1)
@@ -76,10 +83,18 @@ class Step:
         return cls(**data)
 
 
-@dataclass(frozen=True, slots=True)
-class Carry:
-    meter_micros: int = 0
-    credit_micros: int = 0
+Carries = Mapping[str, int]  # period label ("YYYY-MM") → micros not yet sent as a whole unit
+
+
+def period_label(moment: datetime) -> str:
+    """The carry's key for a step dated ``moment``: its UTC month."""
+    return moment.astimezone(UTC).strftime("%Y-%m")
+
+
+def step_moment(step: Step) -> datetime:
+    """The date a step lands on: a meter event's timestamp, a cancelled event's, a credit
+    note's invoice period."""
+    return datetime.fromtimestamp(step.timestamp, UTC)
 
 
 def month_end(moment: datetime) -> datetime:
@@ -114,6 +129,17 @@ class BillingPeriods:
                 return now >= finalizes_at - self.margin
         return now >= month_end(moment) + self.grace - self.margin
 
+    def period_start(self, moment: datetime) -> datetime:
+        """The start of the invoice period holding ``moment``: an invoice's own period when
+        a webhook told us one, else the UTC month (which invoice a credit note goes on)."""
+        for start, end in self.finalized:
+            if start <= moment < end:
+                return start
+        for start, end, _ in self.drafts:
+            if start <= moment < end:
+                return start
+        return moment.astimezone(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
 
 @dataclass(frozen=True, slots=True)
 class PlanInput:
@@ -122,7 +148,7 @@ class PlanInput:
     target_micros: int
     sent: Sequence[Sent]
     now: datetime
-    carry: Carry
+    carries: Carries
     event_time: datetime
     unit_micros: int = 1
     cancel_window: timedelta = timedelta(hours=24)
@@ -168,14 +194,16 @@ def sent_total(sent: Sequence[Sent]) -> int:
     return sum(s.micros for s in sent)
 
 
-def plan(request: PlanInput) -> tuple[list[Step], Carry]:
-    """The calls to make (in order) and the carry after them."""
+def plan(request: PlanInput) -> tuple[list[Step], dict[str, int]]:
+    """The calls to make (in order) and the carries after them (every period's, touched or
+    not)."""
+    carries = dict(request.carries)
     total = sent_total(request.sent)
     gap = request.target_micros - total
     if gap == 0:
-        return [], request.carry
+        return [], carries
     identifier = identifier_for(request.run_id, request.version)
-    now, periods = request.now, request.periods
+    now, periods, unit = request.now, request.periods, request.unit_micros
     live = live_events(request.sent)
     movable = [
         e
@@ -186,38 +214,52 @@ def plan(request: PlanInput) -> tuple[list[Step], Carry]:
     resend = request.target_micros - (total - sum(e.micros for e in movable))
     stamp = meter_timestamp(request.event_time, now, periods)
     if movable and resend >= 0:
-        return _cancel_and_resend(request, movable, identifier, resend, stamp)
+        return _cancel_and_resend(request, carries, movable, identifier, resend, stamp), carries
     if gap > 0:
-        return _meter_event(request.carry, identifier, gap, request.unit_micros, stamp)
-    steps, carry = _cancel_and_resend(request, movable, identifier, 0, stamp)
+        return [_meter_event(carries, identifier, gap, unit, stamp)], carries
+    steps = _cancel_and_resend(request, carries, movable, identifier, 0, stamp)
     decrease = -resend if movable else -gap
     if request.negative_values_allowed and not periods.closed(request.event_time, now):
-        more, carry = _meter_event(carry, identifier, -decrease, request.unit_micros, stamp)
+        steps.append(_meter_event(carries, identifier, -decrease, unit, stamp))
     else:
         fixed = [e for e in live if e not in movable]
-        where = max((_dated(e, request) for e in fixed), default=request.event_time)
-        more, carry = _credit_note(carry, identifier, decrease, request.unit_micros, where)
-    return steps + more, carry
+        steps += _credit_notes(request, carries, identifier, decrease, fixed)
+    return steps, carries
 
 
 def _dated(event: Sent, request: PlanInput) -> datetime:
     return event.event_timestamp or request.event_time
 
 
+def _units(carries: dict[str, int], moment: datetime, micros: int, unit: int) -> int:
+    """Whole units for ``micros`` landing on ``moment``'s period, through its carry."""
+    label = period_label(moment)
+    units, carries[label] = to_units(carries.get(label, 0), micros, unit)
+    return units
+
+
 def _meter_event(
-    carry: Carry, identifier: str, micros: int, unit: int, stamp: int
-) -> tuple[list[Step], Carry]:
-    units, rest = divmod(carry.meter_micros + micros, unit)
-    step = Step("meter_event", identifier, micros, units=units, timestamp=stamp)
-    return [step], Carry(rest, carry.credit_micros)
+    carries: dict[str, int], identifier: str, micros: int, unit: int, stamp: int
+) -> Step:
+    units = _units(carries, datetime.fromtimestamp(stamp, UTC), micros, unit)
+    return Step("meter_event", identifier, micros, units=units, timestamp=stamp)
 
 
 def _cancel_and_resend(
-    request: PlanInput, movable: list[Sent], identifier: str, resend: int, stamp: int
-) -> tuple[list[Step], Carry]:
+    request: PlanInput,
+    carries: dict[str, int],
+    movable: list[Sent],
+    identifier: str,
+    resend: int,
+    stamp: int,
+) -> list[Step]:
+    """Cancel ``movable`` (each takes back exactly its units, the difference to its micros
+    staying in its period's carry) and send ``resend`` as one event."""
     steps = []
-    carry = request.carry.meter_micros
     for event in movable:
+        moment = _dated(event, request)
+        label = period_label(moment)
+        carries[label] = carries.get(label, 0) + event.units * request.unit_micros - event.micros
         steps.append(
             Step(
                 "meter_cancel",
@@ -225,39 +267,81 @@ def _cancel_and_resend(
                 -event.micros,
                 units=event.units,
                 cancels_identifier=event.identifier,
+                timestamp=int(moment.timestamp()),
             )
         )
-        carry += event.units * request.unit_micros - event.micros
     if resend > 0:
-        units, carry = divmod(carry + resend, request.unit_micros)
-        steps.append(Step("meter_event", identifier, resend, units=units, timestamp=stamp))
-    return steps, Carry(carry, request.carry.credit_micros)
+        steps.append(_meter_event(carries, identifier, resend, request.unit_micros, stamp))
+    return steps
 
 
-def _credit_note(
-    carry: Carry, identifier: str, micros: int, unit: int, where: datetime
-) -> tuple[list[Step], Carry]:
-    units, rest = divmod(carry.credit_micros + micros, unit)
-    step = Step(
-        "credit_note",
-        f"credit_note:{identifier}",
-        -micros,
-        units=units,
-        timestamp=int(where.timestamp()),
-    )
-    return [step], Carry(carry.meter_micros, rest)
+def _credit_notes(
+    request: PlanInput,
+    carries: dict[str, int],
+    identifier: str,
+    decrease: int,
+    fixed: list[Sent],
+) -> list[Step]:
+    """Credit notes for ``decrease`` micros, one per invoice where the run's money sits
+    (its events Stripe will no longer move), newest invoice first and never more on an
+    invoice than the run still has there: a run billed on December's and on January's
+    invoice is credited on each, not all of it on one."""
+    left, steps = decrease, []
+    shares = _money_by_invoice(request, fixed)
+    for n, (start, (moment, available)) in enumerate(shares):
+        last = n == len(shares) - 1
+        share = left if last else min(left, available)
+        if share <= 0:
+            continue
+        left -= share
+        credited = -_units(carries, moment, -share, request.unit_micros)
+        steps.append(
+            Step(
+                "credit_note",
+                f"credit_note:{identifier}:{period_label(start)}",
+                -share,
+                units=credited,
+                timestamp=int(moment.timestamp()),
+            )
+        )
+    return steps
 
 
-def carry_effect(steps: Sequence[Step], unit: int) -> Carry:
-    """How much planning ``steps`` moved the carries: undone when a plan is dropped unsent."""
-    meter = credit = 0
+def _money_by_invoice(
+    request: PlanInput, fixed: list[Sent]
+) -> list[tuple[datetime, tuple[datetime, int]]]:
+    """Per invoice period (newest first): a moment inside it and the micros of the run
+    Stripe bills there (fixed events less our earlier credit notes on that invoice). The
+    run's own period comes last when it holds nothing, so a decrease always has a home."""
+    periods = request.periods
+    found: dict[datetime, tuple[datetime, int]] = {}
+    for event in fixed:
+        moment = _dated(event, request)
+        start = periods.period_start(moment)
+        latest, micros = found.get(start, (moment, 0))
+        found[start] = (max(latest, moment), micros + event.micros)
+    for note in request.sent:
+        if note.kind == "credit_note" and note.event_timestamp is not None:
+            start = periods.period_start(note.event_timestamp)
+            if start in found:
+                latest, micros = found[start]
+                found[start] = (latest, micros + note.micros)
+    if not found:
+        found[periods.period_start(request.event_time)] = (request.event_time, 0)
+    return sorted(found.items(), key=lambda kv: kv[0], reverse=True)
+
+
+def carry_effect(steps: Sequence[Step], unit: int) -> dict[str, int]:
+    """How much planning ``steps`` moved each period's carry: undone when a plan is dropped
+    unsent. Legacy balance credits moved no carry that still exists."""
+    effect: dict[str, int] = {}
     for step in steps:
         if step.kind == "meter_event":
-            meter += step.micros - step.units * unit
-        elif step.kind == "meter_cancel":
-            meter += step.micros + step.units * unit
-        elif step.kind == "credit_note":
-            credit += -step.micros - step.units * unit
-        elif step.kind == "balance_credit":
-            credit += -step.micros - step.cents * MICROS_PER_CENT
-    return Carry(meter, credit)
+            moved = step.micros - step.units * unit
+        elif step.kind in ("meter_cancel", "credit_note"):  # units taken off, micros < 0
+            moved = step.micros + step.units * unit
+        else:
+            continue
+        label = period_label(step_moment(step))
+        effect[label] = effect.get(label, 0) + moved
+    return {label: micros for label, micros in effect.items() if micros}

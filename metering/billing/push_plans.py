@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from sqlalchemy.engine import Engine
 
 from metering.billing import outbox
-from metering.billing.plan import BillingPeriods, Carry, PlanInput, Sent, Step, plan
+from metering.billing.plan import BillingPeriods, PlanInput, Sent, Step, plan
 from metering.config import Settings
 from metering.db import raw_transaction
 
@@ -36,7 +36,7 @@ class Planner:
         plans: list[tuple[outbox.OutboxItem, list[Step]]] = []
         with raw_transaction(self._engine) as conn:
             sent = outbox.load_sent_for_runs(conn, [i.run_id for i in items])
-            carries = outbox.lock_carries(conn, [outbox.carry_key(i) for i in items])
+            carries = outbox.lock_carries(conn, [outbox.customer_key(i) for i in items])
             periods = outbox.billing_periods(
                 conn,
                 [i.stripe_customer_id for i in items],
@@ -44,7 +44,7 @@ class Planner:
                 timedelta(seconds=settings.stripe_period_close_margin_s),
             )
             for item in items:
-                key = outbox.carry_key(item)
+                key = outbox.customer_key(item)
                 steps, carries[key] = plan(
                     self._plan_input(
                         item, sent, carries[key], now, periods[item.stripe_customer_id]
@@ -58,7 +58,7 @@ class Planner:
         self,
         item: outbox.OutboxItem,
         sent: dict[int, list[Sent]],
-        carry: Carry,
+        carries: dict[str, int],
         now: datetime,
         periods: BillingPeriods,
     ) -> PlanInput:
@@ -69,7 +69,7 @@ class Planner:
             target_micros=item.target_micros,
             sent=sent.get(item.run_id, []),
             now=now,
-            carry=carry,
+            carries=carries,
             event_time=item.event_timestamp,
             unit_micros=settings.stripe_meter_unit_micros,
             cancel_window=timedelta(seconds=settings.stripe_cancel_window_s),

@@ -34,6 +34,7 @@ from typing import Any
 import psycopg
 
 from metering.billing import outbox
+from metering.billing.plan import period_label
 
 log = logging.getLogger("fairmeter.stripe")
 
@@ -199,23 +200,20 @@ def _reject(
                'rejected:' || identifier, identifier, -micros, units, 0, event_timestamp,
                %(now)s, %(note)s
         FROM sent s JOIN fresh f ON f.tenant_id = s.tenant_id
-        RETURNING run_id, tenant_id, customer_id, micros, units
+        RETURNING run_id, tenant_id, customer_id, micros, units, event_timestamp
         """,
         {"now": datetime.now(UTC), "note": f"{code} ({event_id})"[:200], "identifier": identifier},
     ).fetchone()
     if row is None:
         return None  # not ours, or already recorded
-    run_id, tenant, customer, micros, units = row
+    run_id, tenant, customer, micros, units, stamp = row
     latest = conn.execute(
-        "SELECT id, period FROM stripe_outbox WHERE run_id = %s AND status <> 'superseded' "
+        "SELECT id FROM stripe_outbox WHERE run_id = %s AND status <> 'superseded' "
         "ORDER BY decision_version DESC LIMIT 1",
         (run_id,),
     ).fetchone()
     assert latest is not None, "a delivery belongs to an outbox row"
-    # Σ units × unit + carry = Σ micros must hold without the rejected event.
-    conn.execute(
-        "UPDATE stripe_carries SET meter_carry_micros = meter_carry_micros + %s "
-        "WHERE tenant_id = %s AND customer_id = %s AND period = %s",
-        (units * unit + micros, tenant, customer, latest[1]),
-    )
+    # Σ units × unit + carry = Σ micros must hold without the rejected event, in the carry
+    # of the period the event was dated in (where its units would have landed).
+    outbox.add_to_carries(conn, tenant, customer, {period_label(stamp): units * unit + micros})
     return int(latest[0])

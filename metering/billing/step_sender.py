@@ -90,6 +90,8 @@ class StepSender:
         if step.kind != "credit_note" and self._window_spent(item):
             return self._reconcile(item, step, done, report, "idempotency window ending")
         key = f"fairmeter:{item.id}:{index}:{step.identifier}"
+        if step.kind == "credit_note":
+            self.record(done)  # its amount depends on every earlier note being recorded
         for quick_retry in range(settings.stripe_quick_retries + 1):
             try:
                 outcome = self._call(item, step, key)
@@ -190,8 +192,19 @@ class StepSender:
         now = self._clock()
         if step.units == 0:
             return Done(now, "less than one meter unit: carried")
-        issued = credit_notes.issue(self._gateway(), self._settings, item, step, key, now)
-        return Done(now, issued.note_id, issued.invoice_id, issued.currency, issued.amount_minor)
+        issued = credit_notes.issue(
+            self._gateway(), self._settings, item, step, key, now, self._credited(item)
+        )
+        note = issued.note_id or "below one minor unit: credited with a later note"
+        return Done(now, note, issued.invoice_id, issued.currency, issued.amount_minor)
+
+    def _credited(self, item: outbox.OutboxItem) -> Callable[[str], credit_notes.Credited]:
+        def credited_on(invoice_id: str) -> credit_notes.Credited:
+            with raw_transaction(self._engine) as conn:
+                units, minor = outbox.credited_on_invoice(conn, item.tenant_id, invoice_id)
+            return credit_notes.Credited(units, minor)
+
+        return credited_on
 
     def _wait(self, item: outbox.OutboxItem, why: str) -> None:
         at = self._clock() + timedelta(seconds=self._settings.stripe_backoff_max_s)

@@ -159,17 +159,15 @@ class StripeDeliveryKeyRow(SQLModel, table=True):
 
 
 class StripeCarryRow(SQLModel, table=True):
-    """Sub-unit remainders carried forward so Stripe's totals equal the ledger's exactly."""
+    """The sub-unit remainder of a customer's period (the UTC month a step lands in), one
+    for meter events and credit notes together (``metering/billing/rounding.py``)."""
 
     __tablename__ = "stripe_carries"
 
     tenant_id: str = Field(primary_key=True, max_length=64)
     customer_id: str = Field(primary_key=True, max_length=128)
     period: str = Field(primary_key=True, max_length=7)
-    meter_carry_micros: int = Field(
-        default=0, sa_column=sa.Column(sa.BigInteger, nullable=False, server_default="0")
-    )
-    credit_carry_micros: int = Field(
+    carry_micros: int = Field(
         default=0, sa_column=sa.Column(sa.BigInteger, nullable=False, server_default="0")
     )
 

@@ -67,7 +67,7 @@ def test_superseding_a_planned_unsent_row_gives_its_carry_back(
     ).fetchall()
     assert statuses == [(1, "sent"), (2, "superseded"), (3, "sent")]
     (carry,) = db.execute(
-        "SELECT meter_carry_micros FROM stripe_carries WHERE customer_id = 'cust-c'"
+        "SELECT carry_micros FROM stripe_carries WHERE customer_id = 'cust-c'"
     ).fetchone()
     assert carry == _carry_from_deliveries(db, "cust-c") == 0  # 1,190,000 = 119 units exactly
     live = {

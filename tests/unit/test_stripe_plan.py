@@ -8,13 +8,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metering.billing.plan import (
-    Carry,
     PlanInput,
     Sent,
     Step,
-    live_events,
+    period_label,
     plan,
     sent_total,
+    step_moment,
     within_any,
 )
 
@@ -24,7 +24,7 @@ END = NOW - timedelta(hours=1)
 
 def request(target: int, sent: list[Sent], **kw) -> PlanInput:
     defaults = dict(
-        run_id=7, version=2, target_micros=target, sent=sent, now=NOW, carry=Carry(), event_time=END
+        run_id=7, version=2, target_micros=target, sent=sent, now=NOW, carries={}, event_time=END
     )
     defaults.update(kw)
     return PlanInput(**defaults)
@@ -46,7 +46,7 @@ def test_first_send_is_one_meter_event_with_deterministic_identifier():
     assert steps == [
         Step("meter_event", "run:7:v2", 1_500, units=1_500, timestamp=int(END.timestamp()))
     ]
-    assert carry == Carry()
+    assert carry == {"2026-11": 0}
 
 
 def test_nothing_to_do_when_stripe_already_has_the_amount():
@@ -69,17 +69,18 @@ def test_increase_after_24h_is_an_extra_event_for_the_difference():
     assert [(s.kind, s.identifier, s.micros) for s in steps] == [("meter_event", "run:7:v2", 500)]
 
 
-def test_decrease_after_24h_is_a_credit_note_by_whole_units_with_the_rest_carried():
+def test_decrease_after_24h_is_a_credit_note_rounded_through_the_periods_one_carry():
     steps, carry = plan(request(1_000, [event(1_500_000, timedelta(days=2))], unit_micros=10_000))
-    # 1,499,000 micros = 149 units of 10,000 and 9,000 micros carried for the next credit;
-    # never a customer balance credit (one per currency, applied to the next invoice).
-    assert [(s.kind, s.units, s.micros) for s in steps] == [("credit_note", 149, -1_499_000)]
+    # Stripe bills 150 units; the ledger's 1,000 micros are less than one: ⌊0.1⌋ = 0 units
+    # are left, so all 150 are credited and the 1,000 micros stay in November's carry.
+    # Never a customer balance credit (one per currency, applied to the next invoice).
+    assert [(s.kind, s.units, s.micros) for s in steps] == [("credit_note", 150, -1_499_000)]
     assert steps[0].timestamp == int(END.timestamp())  # the invoice of the event's period
-    assert carry == Carry(0, 9_000)
+    assert carry == {"2026-11": 1_000}
     steps, carry = plan(
-        request(0, [event(1_000, timedelta(days=2))], carry=carry, unit_micros=10_000)
+        request(0, [event(1_000, timedelta(days=2))], carries=carry, unit_micros=10_000)
     )
-    assert steps[0].units == 1 and carry == Carry(0, 0)
+    assert steps[0].units == 0 and carry == {"2026-11": 0}
 
 
 def test_decrease_after_24h_is_a_negative_event_when_allowed():
@@ -89,9 +90,9 @@ def test_decrease_after_24h_is_a_negative_event_when_allowed():
 
 def test_meter_units_carry_their_remainder():
     steps, carry = plan(request(2_500, [], unit_micros=1_000))
-    assert steps[0].units == 2 and carry == Carry(500, 0)
-    steps, carry = plan(request(1_600, [], unit_micros=1_000, carry=carry))
-    assert steps[0].units == 2 and carry == Carry(100, 0)
+    assert steps[0].units == 2 and carry == {"2026-11": 500}
+    steps, carry = plan(request(1_600, [], unit_micros=1_000, carries=carry))
+    assert steps[0].units == 2 and carry == {"2026-11": 100}
 
 
 def test_timestamp_is_clamped_to_stripes_35_day_window():
@@ -117,7 +118,8 @@ def test_stripe_ends_at_the_target_exactly_whatever_the_history(targets, ages, u
     """After each version's plan, the signed micros Stripe bills equal the ledger's billed
     amount, and Σ units × unit + carry equals the micros sent as meter events."""
     sent: list[Sent] = []
-    carry = Carry()
+    carry: dict[str, int] = {}
+    all_steps: list[Step] = []
     for version, (target, age) in enumerate(zip(targets, ages, strict=False), start=1):
         now = NOW + timedelta(hours=sum(ages[:version]))
         steps, carry = plan(
@@ -127,18 +129,18 @@ def test_stripe_ends_at_the_target_exactly_whatever_the_history(targets, ages, u
                 target_micros=target,
                 sent=sent,
                 now=now,
-                carry=carry,
+                carries=carry,
                 event_time=END,
                 unit_micros=unit,
                 negative_values_allowed=negative,
             )
         )
         sent += [delivered(s, now - timedelta(hours=age)) for s in steps]
+        all_steps += steps
         assert sent_total(sent) == target
-    meter_micros = sum(s.micros for s in sent if s.kind in ("meter_event", "meter_cancel"))
-    live_units = sum(s.units for s in live_events(sent))
-    assert live_units * unit + carry.meter_micros == meter_micros
-    credited = [s for s in sent if s.kind == "credit_note"]
-    assert sum(s.units for s in credited) * unit + carry.credit_micros == -sum(
-        s.micros for s in credited
-    )
+    # Per period, Σ signed units × unit + carry = Σ micros: one carry for events, cancels and
+    # credit notes together.
+    for label in {period_label(datetime.fromtimestamp(s.timestamp, UTC)) for s in all_steps}:
+        here = [s for s in all_steps if period_label(step_moment(s)) == label]
+        signed = sum(s.units if s.kind == "meter_event" else -s.units for s in here)
+        assert signed * unit + carry.get(label, 0) == sum(s.micros for s in here)
