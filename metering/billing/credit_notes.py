@@ -13,7 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from metering.billing.gateway import InvoiceView, StripeGateway
+from metering.billing.gateway import (
+    CreditNoteView,
+    InvoiceView,
+    StripeGateway,
+    used_with_other_parameters,
+)
 from metering.billing.outbox import OutboxItem
 from metering.billing.plan import Step, month_end
 from metering.billing.rounding import credit_note_minor
@@ -82,16 +87,22 @@ def issue(
     key: str,
     now: datetime,
     credited_on: Callable[[str], Credited],
+    *,
+    look_first: bool = False,
 ) -> Issued:
     """The credit note for ``step`` (``step.units`` meter units), issued at most once, for
     the amount the one rounding rule gives (``rounding.credit_note_minor``) after what our
-    earlier notes on the invoice (``credited_on(invoice id)``) took."""
+    earlier notes on the invoice (``credited_on(invoice id)``) took.
+
+    At most once: the idempotency key covers a retry within Stripe's 24 h; a retry whose
+    parameters changed because the first attempt executed (the invoice then owes less, so
+    the split differs) is refused as a key "used with other parameters" and the note is
+    looked up instead; past the window (``look_first``) it is looked up before anything."""
     invoice = _final_invoice(gateway, settings, item, step, now)
+    notes = gateway.credit_notes_of(invoice.id) if look_first else None
+    if notes is not None and (found := _ours(notes, step, invoice)) is not None:
+        return found
     credited = credited_on(invoice.id)
-    notes = gateway.credit_notes_of(invoice.id)
-    found = next((n for n in notes if n.identifier == step.identifier), None)
-    if found is not None:
-        return Issued(found.id, invoice.id, invoice.currency, found.amount_minor)
     amount = credit_note_minor(
         line_quantity=invoice.line_quantity,
         line_amount_minor=invoice.line_amount_minor,
@@ -102,26 +113,41 @@ def issue(
     )
     if amount <= 0:  # below one minor unit: a later note includes it
         return Issued(None, invoice.id, invoice.currency, 0)
-    refund, to_balance = payment_split(
-        amount,
-        invoice,
-        sum(n.refunded_minor for n in notes),
-        settings.stripe_credit_note_after_payment,
-    )
-    note = gateway.create_credit_note(
-        invoice=invoice,
-        amount_minor=amount,
-        refund_minor=refund,
-        credit_minor=to_balance,
-        identifier=step.identifier,
-        metadata={
-            "run_id": str(item.run_id),
-            "decision_version": str(item.version),
-            "fairmeter_units": str(step.units),
-        },
-        key=key,
-    )
+    after_payment = settings.stripe_credit_note_after_payment
+    if notes is None and amount > invoice.amount_remaining and after_payment == "refund":
+        notes = gateway.credit_notes_of(invoice.id)  # what was refunded already
+    refunded = sum(n.refunded_minor for n in notes or [])
+    refund, to_balance = payment_split(amount, invoice, refunded, after_payment)
+    metadata = {
+        "run_id": str(item.run_id),
+        "decision_version": str(item.version),
+        "fairmeter_units": str(step.units),
+    }
+    try:
+        note = gateway.create_credit_note(
+            invoice=invoice,
+            amount_minor=amount,
+            refund_minor=refund,
+            credit_minor=to_balance,
+            identifier=step.identifier,
+            metadata=metadata,
+            key=key,
+        )
+    except Exception as exc:
+        if not used_with_other_parameters(exc):
+            raise
+        found = _ours(gateway.credit_notes_of(invoice.id), step, invoice)
+        if found is None:
+            raise
+        return found
     return Issued(note, invoice.id, invoice.currency, amount)
+
+
+def _ours(notes: list[CreditNoteView], step: Step, invoice: InvoiceView) -> Issued | None:
+    found = next((n for n in notes if n.identifier == step.identifier), None)
+    if found is None:
+        return None
+    return Issued(found.id, invoice.id, invoice.currency, found.amount_minor)
 
 
 def _final_invoice(

@@ -56,6 +56,13 @@ def replayed_server_error(exc: Exception) -> bool:
     return (exc.http_status or 0) >= 500 and headers.get("idempotent-replayed") == "true"
 
 
+def used_with_other_parameters(exc: Exception) -> bool:
+    """Stripe refused an idempotency key first used with other parameters ("Idempotent
+    requests": "compares incoming parameters to those of the original request and errors
+    if they're not the same"): the earlier request with that key was executed."""
+    return isinstance(exc, stripe.IdempotencyError)
+
+
 @dataclass(frozen=True, slots=True)
 class InvoiceView:
     """A finalized invoice as a credit note needs it."""
@@ -121,6 +128,7 @@ class StripeGateway:
         self._limiter = limiter or shared_limiter(settings.stripe_rate_limit_per_s)
         self._meter_limiter = shared_limiter(settings.stripe_meter_event_rate_limit_per_s)
         self._price_meters: dict[str, str | None] = {}
+        self._meter: str | None = None  # our meter's id never changes once found
 
     def send_meter_event(
         self, *, identifier: str, customer: str, value: int, timestamp: datetime, key: str
@@ -158,6 +166,11 @@ class StripeGateway:
 
     def meter_id(self, create: bool = False) -> str:
         """The id of the meter for our event name (created on demand when ``create``)."""
+        if self._meter is None:
+            self._meter = self._find_or_create_meter(create)
+        return self._meter
+
+    def _find_or_create_meter(self, create: bool) -> str:
         self._limiter.acquire()
         for meter in self._client.v1.billing.meters.list(params={"limit": 100}).auto_paging_iter():
             if meter.event_name == self._event_name:
@@ -321,9 +334,10 @@ class StripeGateway:
                 "metadata": {**metadata, "fairmeter_identifier": identifier},
                 **{name: value for name, value in split.items() if value},  # type: ignore[typeddict-item]
             },
-            # The split depends on what the invoice owed and had refunded at this attempt: a
-            # different split is a different request (and the note list guards against two).
-            options={"idempotency_key": f"{key}:{refund_minor}:{credit_minor}"},
+            # A retry after the note was made sees a smaller amount owed, so another split:
+            # Stripe refuses the key then (``used_with_other_parameters``) and the caller
+            # looks the note up instead of issuing a second.
+            options={"idempotency_key": key},
         )
         return str(note.id)
 

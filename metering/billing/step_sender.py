@@ -193,7 +193,14 @@ class StepSender:
         if step.units == 0:
             return Done(now, "less than one meter unit: carried")
         issued = credit_notes.issue(
-            self._gateway(), self._settings, item, step, key, now, self._credited(item)
+            self._gateway(),
+            self._settings,
+            item,
+            step,
+            key,
+            now,
+            self._credited(item),
+            look_first=self._window_spent(item),
         )
         note = issued.note_id or "below one minor unit: credited with a later note"
         return Done(now, note, issued.invoice_id, issued.currency, issued.amount_minor)
