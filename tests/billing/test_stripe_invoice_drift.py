@@ -19,9 +19,11 @@ from tests.billing.harness import (
     away_from_a_month_end,
     big_run,
     create_meter,
+    credit,
     drain,
     finalize_month_of,
     month_end,
+    push_all,
     start_invoicing,
 )
 from tests.helpers import ROOT
@@ -102,6 +104,25 @@ def test_a_credit_note_issued_by_hand_is_reported_for_that_customer_and_period(
         assert words in row, row
     assert "difference -0.07 EUR" in row and "unaccounted +0.00 EUR" in row, row
     assert result.stdout.splitlines()[-1] == "1 difference(s)"
+
+
+def test_our_own_credit_note_is_accounted_for_on_every_side(
+    engine, stripe_settings, db, control, link, sdk
+):
+    """A credit of 200,000 micros after the month was invoiced: our credit note of 20 cents
+    on the invoice, the ledger's 1.00 EUR, and no difference anywhere (the credit's units and
+    the carry account for the ledger)."""
+    _, settings = invoiced_month(engine, stripe_settings, control, link, "cust-d")
+    credit(engine, settings, "run-a", 200_000, datetime.now(UTC))
+    push_all(engine, settings, clock=lambda: month_end(START) + timedelta(hours=2))
+
+    result = cli_drift(settings, "cust-d")
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    (row,) = [line for line in result.stdout.splitlines() if f"\t{DECEMBER}\t" in line]
+    for words in ("ledger 1.00 EUR", "ours 1.00 EUR", "stripe invoice 1.20 EUR"):
+        assert words in row, row
+    assert "credit notes 0.20 EUR" in row and "unaccounted +0.00 EUR" in row, row
 
 
 def test_the_open_hour_and_the_hours_inside_the_summary_lag_are_never_compared(
