@@ -301,15 +301,8 @@ class StripeGateway:
         items" — https://docs.stripe.com/api/invoice-line-item/retrieve), which the SDK calls
         ``invoices.line_items.list``. It is asked only when the embedded page says
         ``has_more`` (the emulator embeds every line and does not serve that path)."""
-        embedded: dict[str, Any] = invoice.get("lines") or {}
-        lines: list[dict[str, Any]] = list(embedded.get("data") or [])
-        if embedded.get("has_more") and lines:
-            self._limiter.acquire()
-            page: Any = self._client.v1.invoices.line_items.list(
-                str(invoice["id"]), params={"limit": 100, "starting_after": str(lines[-1]["id"])}
-            )
-            lines += [line.to_dict() for line in page.auto_paging_iter()]
-        return lines
+        rest = self._client.v1.invoices.line_items
+        return self._whole_list(invoice.get("lines") or {}, rest, str(invoice["id"]))
 
     def metered_line_of(self, invoice: dict[str, Any]) -> dict[str, Any] | None:
         """The line of ``invoice`` that bills our meter (through its price), if any."""
@@ -327,18 +320,23 @@ class StripeGateway:
             data: dict[str, Any] = note.to_dict()
             if data.get("status") == "void":
                 continue
-            embedded: dict[str, Any] = data.get("lines") or {}
-            lines: list[dict[str, Any]] = list(embedded.get("data") or [])
-            if embedded.get("has_more") and lines:
-                self._limiter.acquire()
-                more: Any = self._client.v1.credit_notes.line_items.list(
-                    str(data["id"]), params={"limit": 100, "starting_after": str(lines[-1]["id"])}
-                )
-                lines += [line.to_dict() for line in more.auto_paging_iter()]
-            for line in lines:
+            rest = self._client.v1.credit_notes.line_items
+            for line in self._whole_list(data.get("lines") or {}, rest, str(data["id"])):
                 key = str(line.get("invoice_line_item") or "")
                 credited[key] = credited.get(key, 0) + int(line["amount"])
         return credited
+
+    def _whole_list(self, embedded: dict[str, Any], rest: Any, parent: str) -> list[dict[str, Any]]:
+        """An embedded list's items, then, when it ``has_more``, the items after them from
+        ``rest`` (the SDK's service for the parent's sub-list, e.g. its line items)."""
+        items: list[dict[str, Any]] = list(embedded.get("data") or [])
+        if embedded.get("has_more") and items:
+            self._limiter.acquire()
+            page: Any = rest.list(
+                parent, params={"limit": 100, "starting_after": str(items[-1]["id"])}
+            )
+            items += [item.to_dict() for item in page.auto_paging_iter()]
+        return items
 
 
 def line_price(line: dict[str, Any]) -> str | dict[str, Any] | None:

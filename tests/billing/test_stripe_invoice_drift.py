@@ -12,6 +12,7 @@ import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
 
+from metering.billing.drift import currency_text
 from metering.billing.service import drift
 from metering.config import Settings
 from tests.billing.harness import (
@@ -55,6 +56,18 @@ def cli_drift(settings: Settings, customer: str) -> subprocess.CompletedProcess[
     )
 
 
+def december_row(result: subprocess.CompletedProcess[str], *, exit_code: int) -> str:
+    """The command's one line for the December invoice, once it exited ``exit_code``."""
+    assert result.returncode == exit_code, result.stdout + result.stderr
+    (row,) = [line for line in result.stdout.splitlines() if f"\t{DECEMBER}\t" in line]
+    return row
+
+
+def says(row: str, *words: str) -> None:
+    for phrase in words:
+        assert phrase in row, row
+
+
 def invoiced_month(engine, stripe_settings, control, link, customer: str) -> tuple[str, Settings]:
     """``big_run`` for ``customer``, pushed, and its month finalized: the Stripe id and the
     invoicing settings."""
@@ -73,12 +86,10 @@ def test_a_clean_month_shows_the_same_amount_on_every_side_and_exits_zero(
 
     result = cli_drift(settings, "cust-a")
 
-    assert result.returncode == 0, result.stdout + result.stderr
-    (row,) = [line for line in result.stdout.splitlines() if f"\t{DECEMBER}\t" in line]
+    row = december_row(result, exit_code=0)
     assert row.startswith(f"ok\tacme/cust-a\t{DECEMBER}\t"), row
-    for words in ("ledger 1.20 EUR", "ours 1.20 EUR", "stripe invoice 1.20 EUR"):
-        assert words in row, row
-    assert "credit notes 0.00 EUR" in row and "difference +0.00 EUR" in row, row
+    says(row, "ledger 1.20 EUR", "ours 1.20 EUR", "stripe invoice 1.20 EUR")
+    says(row, "credit notes 0.00 EUR", "difference +0.00 EUR", "unaccounted +0.00 EUR")
     assert result.stdout.splitlines()[-1] == "0 difference(s)"
 
 
@@ -97,12 +108,10 @@ def test_a_credit_note_issued_by_hand_is_reported_for_that_customer_and_period(
 
     result = cli_drift(settings, "cust-b")
 
-    assert result.returncode == 1, result.stdout + result.stderr
-    (row,) = [line for line in result.stdout.splitlines() if line.startswith("DRIFT\t")]
+    row = december_row(result, exit_code=1)
     assert row.startswith(f"DRIFT\tacme/cust-b\t{DECEMBER}\t{invoice.id}\t"), row
-    for words in ("ours 1.20 EUR", "stripe invoice 1.20 EUR", "credit notes 0.07 EUR"):
-        assert words in row, row
-    assert "difference -0.07 EUR" in row and "unaccounted +0.00 EUR" in row, row
+    says(row, "ours 1.20 EUR", "stripe invoice 1.20 EUR", "credit notes 0.07 EUR")
+    says(row, "difference -0.07 EUR", "unaccounted +0.00 EUR")
     assert result.stdout.splitlines()[-1] == "1 difference(s)"
 
 
@@ -118,11 +127,9 @@ def test_our_own_credit_note_is_accounted_for_on_every_side(
 
     result = cli_drift(settings, "cust-d")
 
-    assert result.returncode == 0, result.stdout + result.stderr
-    (row,) = [line for line in result.stdout.splitlines() if f"\t{DECEMBER}\t" in line]
-    for words in ("ledger 1.00 EUR", "ours 1.00 EUR", "stripe invoice 1.20 EUR"):
-        assert words in row, row
-    assert "credit notes 0.20 EUR" in row and "unaccounted +0.00 EUR" in row, row
+    row = december_row(result, exit_code=0)
+    says(row, "ledger 1.00 EUR", "ours 1.00 EUR", "stripe invoice 1.20 EUR")
+    says(row, "credit notes 0.20 EUR", "difference +0.00 EUR", "unaccounted +0.00 EUR")
 
 
 def test_the_open_hour_and_the_hours_inside_the_summary_lag_are_never_compared(
@@ -157,3 +164,11 @@ def planted(sdk, settings: Settings, stripe_id: str, name: str, moment: datetime
             "timestamp": int(moment.timestamp()),
         }
     )
+
+
+def test_amounts_read_in_the_invoice_currency_at_its_decimals():
+    assert currency_text(7, "eur") == "0.07 EUR"
+    assert currency_text(-7, "eur", signed=True) == "-0.07 EUR"
+    assert currency_text(0, "usd", signed=True) == "+0.00 USD"
+    assert currency_text(500, "jpy") == "500 JPY"  # zero-decimal: 500 yen, not 5.00
+    assert currency_text(1_234, "kwd") == "1.234 KWD"  # three-decimal
