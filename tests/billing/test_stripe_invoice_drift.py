@@ -13,7 +13,7 @@ import sys
 from datetime import UTC, datetime, timedelta
 
 from metering.billing.drift import currency_text
-from metering.billing.service import drift
+from metering.billing.service import drift, recent_drift
 from metering.config import Settings
 from tests.billing.harness import (
     START,
@@ -113,6 +113,9 @@ def test_a_credit_note_issued_by_hand_is_reported_for_that_customer_and_period(
     says(row, "ours 1.20 EUR", "stripe invoice 1.20 EUR", "credit notes 0.07 EUR")
     says(row, "difference -0.07 EUR", "unaccounted +0.00 EUR")
     assert result.stdout.splitlines()[-1] == "1 difference(s)"
+    # The hourly beat task, an hour after the invoice was finalized, finds it in the same words.
+    beat = recent_drift(engine, settings, month_end(START) + timedelta(hours=2))
+    assert beat == [row.removeprefix("DRIFT\t")]
 
 
 def test_our_own_credit_note_is_accounted_for_on_every_side(
