@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import click
 
@@ -73,22 +73,33 @@ def dead(tenant: str | None, retry_ids: tuple[int, ...], retry_all: bool) -> Non
 
 @stripe.command("drift")
 @click.option("--tenant", required=True)
-@click.option("--customer", required=True)
-@click.option("--from", "start", type=click.DateTime(), required=True, help="UTC")
-@click.option("--to", "end", type=click.DateTime(), required=True, help="UTC, exclusive")
-def drift(tenant: str, customer: str, start: datetime, end: datetime) -> None:
-    """Compare sent meter units per hour with Stripe's summaries; exit 1 on any difference."""
-    from metering.billing.service import drift as check
+@click.option("--customer", default=None, help="One customer; else every linked one.")
+@click.option(
+    "--from", "start", type=click.DateTime(), default=None, help="UTC; default --to − 1 day"
+)
+@click.option(
+    "--to", "end", type=click.DateTime(), default=None, help="UTC, exclusive; default now"
+)
+def drift(tenant: str, customer: str | None, start: datetime | None, end: datetime | None) -> None:
+    """Compare, per customer, the closed hours of [from, to) with Stripe's summaries, and the
+    finalized invoices of periods overlapping it (their metered line less its credit notes)
+    with our books and ledger. Exit 1 on any difference."""
+    from metering.billing.drift import describe_hour
+    from metering.billing.service import drift as hourly
+    from metering.billing.service import invoice_drift, linked_customers
 
     settings = load_cli_settings()
-    differences = check(
-        create_db_engine(settings), settings, tenant, customer, _utc(start), _utc(end)
-    )
-    for d in differences:
-        click.echo(
-            f"{d.hour.isoformat()}\tledger {d.ledger_units}\tstripe {d.stripe_units}\t"
-            f"delta {d.delta:+d}"
-        )
-    click.echo(f"{len(differences)} difference(s)")
-    if differences:
+    engine = create_db_engine(settings)
+    until = _utc(end) if end else datetime.now(UTC)
+    since = _utc(start) if start else until - timedelta(days=1)
+    found = 0
+    for who in [customer] if customer else linked_customers(engine, tenant):
+        for d in hourly(engine, settings, tenant, who, since, until):
+            found += 1
+            click.echo(describe_hour(tenant, who, d))
+        for invoice in invoice_drift(engine, settings, tenant, who, since, until):
+            found += invoice.drifted
+            click.echo(("DRIFT\t" if invoice.drifted else "ok\t") + invoice.describe())
+    click.echo(f"{found} difference(s)")
+    if found:
         raise SystemExit(1)

@@ -7,7 +7,7 @@ task re-checks the database, so a lost or duplicated message only delays work.
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from celery import Task
 
@@ -125,26 +125,15 @@ ARCHIVE_LOG_LEVELS = {
 
 @app.task(name="fairmeter.check_stripe_drift")
 def check_stripe_drift() -> int:
-    """Hourly: compare the last day's sent totals with Stripe's summaries; log differences."""
+    """Hourly: the last day's closed hours vs Stripe's summaries, and newly finalized
+    invoices and their credit notes vs our books; each difference logged as the CLI prints
+    it (``fairmeter stripe drift``)."""
     if not settings().stripe_enabled:
         return 0
-    end = datetime.now(UTC)
-    start = end - timedelta(days=1)
-    found = 0
-    for tenant, customer in billing.customers_sent_since(engine(), start):
-        for difference in billing.drift(engine(), settings(), tenant, customer, start, end):
-            found += 1
-            log.error(
-                "stripe drift",
-                extra={
-                    "tenant": tenant,
-                    "customer": customer,
-                    "hour": difference.hour.isoformat(),
-                    "ledger_units": difference.ledger_units,
-                    "stripe_units": difference.stripe_units,
-                },
-            )
-    return found
+    found = billing.recent_drift(engine(), settings(), datetime.now(UTC))
+    for line in found:
+        log.error("stripe drift: %s", line, extra={"drift": line})
+    return len(found)
 
 
 def kick(task: Task) -> None:

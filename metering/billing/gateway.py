@@ -341,6 +341,56 @@ class StripeGateway:
         )
         return str(note.id)
 
+    def customer_invoices(self, customer: str) -> list[dict[str, Any]]:
+        """Every invoice of the customer, newest first, as the pinned API version renders
+        them ("List all invoices" — https://docs.stripe.com/api/invoices/list)."""
+        self._limiter.acquire()
+        page: Any = self._client.v1.invoices.list(params={"customer": customer, "limit": 100})
+        return [invoice.to_dict() for invoice in page.auto_paging_iter()]
+
+    def invoice_lines(self, invoice: dict[str, Any]) -> list[dict[str, Any]]:
+        """All lines of ``invoice``: the invoice carries "the first handful" of its lines and
+        the rest is paged from ``GET /v1/invoices/{id}/lines`` ("Retrieve an invoice's line
+        items" — https://docs.stripe.com/api/invoice-line-item/retrieve), which the SDK calls
+        ``invoices.line_items.list``. It is asked only when the embedded page says
+        ``has_more`` (the emulator embeds every line and does not serve that path)."""
+        rest = self._client.v1.invoices.line_items
+        return self._whole_list(invoice.get("lines") or {}, rest, str(invoice["id"]))
+
+    def metered_line_of(self, invoice: dict[str, Any]) -> dict[str, Any] | None:
+        """The line of ``invoice`` that bills our meter (through its price), if any."""
+        return self._metered_line(self.invoice_lines(invoice), self.meter_id())
+
+    def credited_by_line(self, invoice_id: str) -> dict[str, int]:
+        """Minor units credited per invoice line id by the invoice's credit notes that are not
+        void ("The Credit Note Line Item object": ``invoice_line_item``, ``amount`` —
+        https://docs.stripe.com/api/credit_notes/line_item). Lines beyond a note's embedded
+        page are paged from ``credit_notes.line_items.list``; custom lines count under ``""``."""
+        self._limiter.acquire()
+        page: Any = self._client.v1.credit_notes.list(params={"invoice": invoice_id, "limit": 100})
+        credited: dict[str, int] = {}
+        for note in page.auto_paging_iter():
+            data: dict[str, Any] = note.to_dict()
+            if data.get("status") == "void":
+                continue
+            rest = self._client.v1.credit_notes.line_items
+            for line in self._whole_list(data.get("lines") or {}, rest, str(data["id"])):
+                key = str(line.get("invoice_line_item") or "")
+                credited[key] = credited.get(key, 0) + int(line["amount"])
+        return credited
+
+    def _whole_list(self, embedded: dict[str, Any], rest: Any, parent: str) -> list[dict[str, Any]]:
+        """An embedded list's items, then, when it ``has_more``, the items after them from
+        ``rest`` (the SDK's service for the parent's sub-list, e.g. its line items)."""
+        items: list[dict[str, Any]] = list(embedded.get("data") or [])
+        if embedded.get("has_more") and items:
+            self._limiter.acquire()
+            page: Any = rest.list(
+                parent, params={"limit": 100, "starting_after": str(items[-1]["id"])}
+            )
+            items += [item.to_dict() for item in page.auto_paging_iter()]
+        return items
+
 
 def line_price(line: dict[str, Any]) -> str | dict[str, Any] | None:
     """The price of an invoice line: ``pricing.price_details.price`` since API version

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -12,11 +12,16 @@ from sqlalchemy.engine import Engine
 from metering.billing import outbox, rejections, webhooks
 from metering.billing.drift import (
     Difference,
+    InvoiceDrift,
     compare,
+    compared_until,
+    describe_hour,
     hour_floor,
     ledger_hourly,
+    our_books,
     stripe_customer_id,
     stripe_hourly,
+    stripe_invoices,
 )
 from metering.billing.gateway import StripeGateway
 from metering.config import Settings
@@ -135,17 +140,77 @@ def window_deliveries(
 
 
 def drift(
-    engine: Engine, settings: Settings, tenant: str, customer: str, start: datetime, end: datetime
+    engine: Engine,
+    settings: Settings,
+    tenant: str,
+    customer: str,
+    start: datetime,
+    end: datetime,
+    now: datetime | None = None,
 ) -> list[Difference]:
-    """Every hour in [start, end) where our sent units and Stripe's summaries differ."""
-    start, end = hour_floor(start), hour_floor(end - timedelta(microseconds=1)) + timedelta(hours=1)
+    """Every closed hour in [start, end) where our sent units and Stripe's summaries differ.
+    The open hour, and the hours inside the summary lag, are never compared
+    (``drift.compared_until``)."""
+    until = compared_until(now or datetime.now(UTC), settings)
+    start = hour_floor(start)
+    end = min(hour_floor(end - timedelta(microseconds=1)) + timedelta(hours=1), until)
     with raw_transaction(engine) as conn:
         stripe_id = stripe_customer_id(conn, tenant, customer)
-        ours = ledger_hourly(conn, tenant, customer, start, end)
+        ours = ledger_hourly(conn, tenant, customer, start, end) if start < end else {}
     if stripe_id is None:
         raise not_found(f"customer {customer} has no Stripe id", code="customer_not_linked")
+    if start >= end:
+        return []
     theirs = stripe_hourly(StripeGateway(settings), stripe_id, start, end)
     return compare(ours, theirs)
+
+
+def invoice_drift(
+    engine: Engine, settings: Settings, tenant: str, customer: str, start: datetime, end: datetime
+) -> list[InvoiceDrift]:
+    """The customer's finalized invoices whose period overlaps [start, end), each compared
+    with our books (``drift.InvoiceDrift``); draft and not yet invoiced periods are skipped.
+    Stripe is read outside the transaction, our books in one."""
+    with raw_transaction(engine) as conn:
+        stripe_id = stripe_customer_id(conn, tenant, customer)
+    if stripe_id is None:
+        raise not_found(f"customer {customer} has no Stripe id", code="customer_not_linked")
+    invoices = stripe_invoices(StripeGateway(settings), stripe_id, start, end)
+    unit = settings.stripe_meter_unit_micros
+    with raw_transaction(engine) as conn:
+        return [
+            InvoiceDrift(tenant, customer, inv, our_books(conn, tenant, customer, inv, unit), unit)
+            for inv in invoices
+        ]
+
+
+def linked_customers(engine: Engine, tenant: str) -> list[str]:
+    """The tenant's customers with a Stripe id, whose invoices can be compared."""
+    with raw_transaction(engine) as conn:
+        rows = conn.execute(
+            "SELECT id FROM customers WHERE tenant_id = %s AND stripe_customer_id IS NOT NULL "
+            "ORDER BY id",
+            (tenant,),
+        ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def recent_drift(engine: Engine, settings: Settings, now: datetime) -> list[str]:
+    """The periodic check, as the lines ``fairmeter stripe drift`` prints for differences:
+    the last day's closed hours of every customer who sent in it, and the finalized invoices
+    of periods that ended within that day and the finalization grace (the ones Stripe
+    finalized since), for every customer who sent in the month before."""
+    start = now - timedelta(days=1)
+    invoiced_since = start - timedelta(seconds=settings.stripe_finalization_grace_s)
+    found = [
+        describe_hour(tenant, customer, d)
+        for tenant, customer in customers_sent_since(engine, start)
+        for d in drift(engine, settings, tenant, customer, start, now, now=now)
+    ]
+    for tenant, customer in customers_sent_since(engine, invoiced_since - timedelta(days=31)):
+        invoices = invoice_drift(engine, settings, tenant, customer, invoiced_since, now)
+        found += [i.describe() for i in invoices if i.drifted]
+    return found
 
 
 def customers_sent_since(engine: Engine, since: datetime) -> list[tuple[str, str]]:
