@@ -14,8 +14,9 @@ from typing import Any
 
 import psycopg
 
-from metering.billing.gateway import StripeGateway, minor_amount
+from metering.billing.gateway import StripeGateway
 from metering.billing.plan import Step, carry_effect
+from metering.billing.rounding import line_minor
 from metering.config import Settings
 from metering.money import describe_usd
 from metering.periods import period_of
@@ -164,9 +165,9 @@ class InvoiceDrift:
         """What our books say Stripe should bill on the invoice: a negative cycle total is
         invoiced as 0 ("Fix incorrect usage data" —
         https://docs.stripe.com/billing/subscriptions/usage-based/meters/configure), and
-        priced as Stripe prices the line (``minor_amount``: round half up)."""
+        priced as Stripe prices the line (``rounding.line_minor``: round half up)."""
         units = max(0, self.books.metered_units) - self.books.credited_units
-        return minor_amount(units, self.invoice.unit_amount_minor)
+        return line_minor(units, self.invoice.unit_amount_minor)
 
     @property
     def stripe_minor(self) -> int:
@@ -301,45 +302,48 @@ def our_books(
 def ledger_period(
     conn: psycopg.Connection[Any], tenant: str, customer: str, period: str, unit: int
 ) -> tuple[int, int]:
-    """(Σ runs.billed_micros of the period, what accounts for it). Accounted: the units our
-    deliveries for the period's runs make Stripe bill (× ``unit``), plus the period's carry
-    as it stood before the unsent steps of planned rows moved it, plus what unsent rows
-    still have to deliver. Equal unless a delivery, a row or the carry was lost."""
+    """(Σ runs.billed_micros of the period, what accounts for it). What accounts for the
+    ledger is counted over the customer's whole history, since a step lands in the period of
+    its own date (a late increase goes to the open period, a credit note to its invoice's)
+    and the carry is kept per landing period: the units our deliveries make Stripe bill
+    (× ``unit``), plus every period's carry as it stood before unsent planned steps moved it,
+    plus what unsent rows still have to deliver. The period's share is its ledger less the
+    customer's unaccounted difference; equal unless a delivery, a row or a carry was lost."""
     keys = {"t": tenant, "c": customer, "p": period, "u": unit}
-    ledger, delivered = conn.execute(
+    ledger, ledger_all, delivered = conn.execute(
         """
         SELECT (SELECT coalesce(sum(billed_micros), 0) FROM runs
                 WHERE tenant_id = %(t)s AND customer_id = %(c)s AND period = %(p)s),
+               (SELECT coalesce(sum(billed_micros), 0) FROM runs
+                WHERE tenant_id = %(t)s AND customer_id = %(c)s),
                (SELECT coalesce(sum(CASE d.kind WHEN 'meter_event' THEN d.units * %(u)s
                                     WHEN 'balance_credit' THEN -d.cents * 10000
                                     ELSE -d.units * %(u)s END), 0)
-                FROM stripe_deliveries d JOIN runs r ON r.tenant_id = d.tenant_id
-                 AND r.id = d.run_id
-                WHERE r.tenant_id = %(t)s AND r.customer_id = %(c)s AND r.period = %(p)s)
+                FROM stripe_deliveries d
+                WHERE d.tenant_id = %(t)s AND d.customer_id = %(c)s)
         """,
         keys,
-    ).fetchone() or (0, 0)
-    carry = conn.execute(
-        "SELECT meter_carry_micros - credit_carry_micros FROM stripe_carries "
-        "WHERE tenant_id = %(t)s AND customer_id = %(c)s AND period = %(p)s",
+    ).fetchone() or (0, 0, 0)
+    (carries,) = conn.execute(
+        "SELECT coalesce(sum(carry_micros), 0) FROM stripe_carries "
+        "WHERE tenant_id = %(t)s AND customer_id = %(c)s",
         keys,
-    ).fetchone()
-    accounted = int(delivered) + (int(carry[0]) if carry else 0)
-    return int(ledger), accounted + _unsent(conn, keys)
+    ).fetchone() or (0,)
+    accounted_all = int(delivered) + int(carries) + _unsent(conn, keys)
+    return int(ledger), int(ledger) - (int(ledger_all) - accounted_all)
 
 
 def _unsent(conn: psycopg.Connection[Any], keys: dict[str, Any]) -> int:
-    """What rows not sent yet still owe Stripe (target − delivered, for a run's latest row),
-    less what their unsent planned steps already moved the carry by."""
+    """What the customer's rows not sent yet still owe Stripe (target − delivered, for a
+    run's latest row), less what their unsent planned steps already moved the carries by."""
     rows = conn.execute(
         """
         SELECT o.status, o.plan, o.next_step, o.target_billed_micros,
                o.decision_version = max(o.decision_version) OVER (PARTITION BY o.run_id),
                (SELECT coalesce(sum(d.micros), 0) FROM stripe_deliveries d
                 WHERE d.tenant_id = o.tenant_id AND d.run_id = o.run_id)
-        FROM stripe_outbox o JOIN runs r ON r.tenant_id = o.tenant_id AND r.id = o.run_id
-        WHERE r.tenant_id = %(t)s AND r.customer_id = %(c)s AND r.period = %(p)s
-          AND o.status <> 'superseded'
+        FROM stripe_outbox o
+        WHERE o.tenant_id = %(t)s AND o.customer_id = %(c)s AND o.status <> 'superseded'
         """,
         keys,
     ).fetchall()
@@ -348,6 +352,6 @@ def _unsent(conn: psycopg.Connection[Any], keys: dict[str, Any]) -> int:
         if status == "sent":
             continue
         moved = carry_effect([Step.from_json(s) for s in (steps or [])[next_step:]], keys["u"])
-        owed -= moved.meter_micros - moved.credit_micros
+        owed -= sum(moved.values())
         owed += int(target) - int(delivered) if latest else 0
     return owed
