@@ -40,29 +40,41 @@ WITH busy AS MATERIALIZED (
     ORDER BY o.next_attempt_at, o.id  -- the due index's order: ties of one chunk by id
     LIMIT %(scan)s
 ), firsts AS (
-    SELECT id, min(id) OVER (PARTITION BY tenant_id, customer_id) AS first_id FROM due
+    SELECT id, tenant_id, customer_id,
+           min(id) OVER (PARTITION BY tenant_id, customer_id) AS first_id FROM due
 ), ranked AS (  -- customers numbered by their oldest due row: window sorts, no join
-    SELECT id, dense_rank() OVER (ORDER BY first_id) AS customer_rank FROM firsts
+    SELECT id, tenant_id, customer_id,
+           dense_rank() OVER (ORDER BY first_id) AS customer_rank FROM firsts
 ), picked AS (
-    SELECT id FROM ranked
+    SELECT id, tenant_id, customer_id FROM ranked
     WHERE customer_rank <= %(customers)s
     ORDER BY id LIMIT %(limit)s
-), claimed AS (
-    UPDATE stripe_outbox o SET claimed_until = %(until)s,
-        first_attempt_at = COALESCE(o.first_attempt_at, %(now)s)  -- retries stay in Stripe's window
-    FROM picked, customers c
-    WHERE o.id = picked.id AND c.tenant_id = o.tenant_id AND c.id = o.customer_id
-      AND o.status = 'pending'  -- re-checked after waiting on a row lock (an error report's)
-    RETURNING o.id, o.tenant_id, o.customer_id, c.stripe_customer_id, o.run_id,
-              o.decision_version, o.target_billed_micros, o.period, o.event_timestamp,
-              o.plan, o.next_step, o.attempts, o.generation, o.first_attempt_at
-), leased AS (  -- absent or lapsed only: the advisory lock and ``busy`` saw to that
-    INSERT INTO stripe_customer_leases (tenant_id, customer_id, holder, held_until)
-    SELECT DISTINCT tenant_id, customer_id, %(holder)s, %(until)s FROM claimed
+), leased AS (  -- absent or lapsed only (re-checked on the latest version of a lease row)
+    INSERT INTO stripe_customer_leases AS l (tenant_id, customer_id, holder, held_until)
+    SELECT DISTINCT tenant_id, customer_id, %(holder)s, %(until)s FROM picked
+    ORDER BY tenant_id, customer_id
     ON CONFLICT (tenant_id, customer_id) DO UPDATE
     SET holder = EXCLUDED.holder, held_until = EXCLUDED.held_until
+    WHERE l.held_until <= %(now)s
+    RETURNING l.tenant_id, l.customer_id
 )
-SELECT * FROM claimed
+UPDATE stripe_outbox o SET claimed_until = %(until)s,
+    first_attempt_at = COALESCE(o.first_attempt_at, %(now)s)  -- retries stay inside Stripe's window
+FROM picked
+JOIN leased ON leased.tenant_id = picked.tenant_id AND leased.customer_id = picked.customer_id
+JOIN customers c ON c.tenant_id = picked.tenant_id AND c.id = picked.customer_id
+WHERE o.id = picked.id
+  AND o.status = 'pending'  -- re-checked after waiting on a row lock (an error report's)
+RETURNING o.id, o.tenant_id, o.customer_id, c.stripe_customer_id, o.run_id,
+          o.decision_version, o.target_billed_micros, o.period, o.event_timestamp,
+          o.plan, o.next_step, o.attempts, o.generation, o.first_attempt_at
+"""
+# A customer leased whose every picked row changed status meanwhile (an error report's
+# writes, waited for) has nothing to send: its lease goes at once, not after the round.
+UNUSED = """
+DELETE FROM stripe_customer_leases l WHERE l.holder = %(holder)s
+  AND NOT EXISTS (SELECT 1 FROM unnest(%(tenants)s::text[], %(customers)s::text[]) AS u(t, c)
+                  WHERE u.t = l.tenant_id AND u.c = l.customer_id)
 """
 
 
@@ -97,27 +109,35 @@ def claim(
             "customers": ALL_CUSTOMERS if max_customers is None else max_customers,
         },
     ).fetchall()
-    items = [
-        OutboxItem(
-            id=r[0],
-            tenant_id=r[1],
-            customer_id=r[2],
-            stripe_customer_id=r[3],
-            run_id=r[4],
-            version=r[5],
-            target_micros=r[6],
-            period=r[7],
-            event_timestamp=r[8],
-            plan=[Step.from_json(s) for s in r[9]] if r[9] is not None else None,
-            next_step=r[10],
-            attempts=r[11],
-            generation=r[12],
-            first_attempt_at=r[13],
-        )
-        for r in rows
-    ]
-    items.sort(key=lambda i: i.id)
+    items = sorted((_item(r) for r in rows), key=lambda i: i.id)
+    conn.execute(
+        UNUSED,
+        {
+            "holder": holder,
+            "tenants": [i.tenant_id for i in items],
+            "customers": [i.customer_id for i in items],
+        },
+    )
     return items
+
+
+def _item(r: Any) -> OutboxItem:
+    return OutboxItem(
+        id=r[0],
+        tenant_id=r[1],
+        customer_id=r[2],
+        stripe_customer_id=r[3],
+        run_id=r[4],
+        version=r[5],
+        target_micros=r[6],
+        period=r[7],
+        event_timestamp=r[8],
+        plan=[Step.from_json(s) for s in r[9]] if r[9] is not None else None,
+        next_step=r[10],
+        attempts=r[11],
+        generation=r[12],
+        first_attempt_at=r[13],
+    )
 
 
 # Rows the round released (sent, rescheduled, dead, deferred) have no claim and stay free.
