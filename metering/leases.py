@@ -1,8 +1,9 @@
 """Leases kept alive by their holder (issue #13 §7).
 
-Work claimed in the database (runs a worker settles, outbox rows a pusher sends) carries a
-lease, ``claimed_until``: when a holder dies without a word (SIGKILL, OOM, a lost machine)
-nothing releases its work, and nobody else takes it before the lease runs out. A long lease
+Work claimed in the database (runs a worker settles, the customers a pusher sends to)
+carries a lease (``claimed_until``, ``stripe_customer_leases.held_until``): when a holder
+dies without a word (SIGKILL, OOM, a lost machine) nothing releases its work, and nobody
+else takes it before the lease runs out. A long lease
 makes that wait long (it was 120 s); a short one alone would hand a slow but live holder's
 work to a second one. So the lease is short and its holder renews it, now and then every
 third of its length, from a thread of its own while its work goes on: a killed holder stops

@@ -32,8 +32,11 @@ def enqueue(conn: psycopg.Connection[Any], rows: Sequence[OutboxRow], *, unit_mi
     superseded: the newest plan is computed from what Stripe actually received, and the
     carry the superseded rows' unsent steps took is given back (``unit_micros``: the meter
     unit they were planned in), else Σ units × unit + carry = Σ micros drifts by up to a
-    unit each time. A row a live pusher still holds keeps its carry: its steps in flight
-    are sent and recorded all the same.
+    unit each time. A row a live pusher still holds (claimed, under the customer's lease
+    in force: ``claims``) keeps its carry: its steps in flight are sent and recorded all
+    the same. Who may send is the lease's to decide, not the row's status: the pusher
+    holding the customer goes on with the superseded row, and the new one is planned by
+    whoever holds the customer next, against what the old one recorded.
 
     A run's first decision cannot have older rows, so only re-decided runs are looked up
     (most of a sweep is first decisions; the lookup was ~11 µs of PostgreSQL per run).
@@ -45,13 +48,17 @@ def enqueue(conn: psycopg.Connection[Any], rows: Sequence[OutboxRow], *, unit_mi
         superseded = conn.execute(
             """
             WITH old AS (
-                SELECT id, claimed_until FROM stripe_outbox
-                WHERE run_id = ANY(%(runs)s) AND status IN ('pending', 'waiting_customer')
-                ORDER BY id FOR UPDATE
+                SELECT o.id, COALESCE(o.claimed_until > now(), false) AND EXISTS (
+                    SELECT 1 FROM stripe_customer_leases l
+                    WHERE l.tenant_id = o.tenant_id AND l.customer_id = o.customer_id
+                      AND l.held_until > now()) AS sending
+                FROM stripe_outbox o
+                WHERE o.run_id = ANY(%(runs)s) AND o.status IN ('pending', 'waiting_customer')
+                ORDER BY o.id FOR UPDATE OF o
             )
             UPDATE stripe_outbox o SET status = 'superseded', claimed_until = NULL
             FROM old WHERE o.id = old.id
-            RETURNING o.id, old.claimed_until IS NULL OR old.claimed_until <= now()
+            RETURNING o.id, NOT old.sending
             """,
             {"runs": redecided},
         ).fetchall()

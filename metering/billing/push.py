@@ -11,8 +11,11 @@ A credit note (credit_notes.py) waits, without holding the customer's other rows
 its invoice is finalized.
 Sending a step and judging its outcome live in step_sender.py, planning a round's new rows
 in push_plans.py, the round's report and renewed claims in push_round.py.
-The round renews its claim on its rows while it lasts (``claims.renew``), so the
-claim's lease is short and a killed pusher's customers are claimed again soon (#13 §7).
+A round leases each customer it claims and holds the lease until every result of that
+customer's calls is recorded (``claims``): one sender per customer from planning to record,
+so a correction is planned against what is in flight (#29). It renews the leases and its
+claim on its rows while it lasts (``claims.renew``), so the lease is short and a killed
+pusher's customers are claimed again soon (#13 §7).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import logging
 import random
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -78,7 +82,7 @@ class Pusher:
         if failure is not None:
             return failure
         lease = timedelta(seconds=settings.stripe_push_lease_s)
-        claimed_at = time.monotonic()
+        claimed_at, holder = time.monotonic(), uuid.uuid4().hex
         with raw_transaction(self._engine) as conn:
             items = claims.claim(
                 conn,
@@ -86,12 +90,13 @@ class Pusher:
                 settings.stripe_push_batch_size,
                 lease,
                 max_customers=CUSTOMERS_PER_THREAD * settings.stripe_push_threads,
+                holder=holder,
             )
         if not items:
             return PushReport()
-        held = HeldRows(item.id for item in items)
+        held = HeldRows(holder, (item.id for item in items))
         with Heartbeat(
-            lambda until: self._renew(held.ids(), until),
+            lambda until: self._renew(held, until),
             lease,
             self._clock,
             name="stripe-push",
@@ -115,9 +120,13 @@ class Pusher:
                 future.result()
         return report
 
-    def _renew(self, ids: list[int], until: datetime) -> None:
+    def _renew(self, held: HeldRows, until: datetime) -> None:
         with raw_transaction(self._engine) as conn:
-            claims.renew(conn, ids, until)
+            claims.renew(conn, held.holder, held.ids(), until)
+
+    def _release(self, held: HeldRows, item: outbox.OutboxItem) -> None:
+        with raw_transaction(self._engine) as conn:
+            claims.release(conn, held.holder, item.tenant_id, item.customer_id)
 
     def _ensure_meter(self) -> PushReport | None:
         """Stripe refuses meter events for an event name without a meter: create it once.
@@ -144,8 +153,9 @@ class Pusher:
         before a batch is written only means the calls are repeated with the same
         identifiers and idempotency keys, which Stripe answers without a second effect.
 
-        Stops, leaving the rows claimed until the lease runs out, when the lease may have
-        lapsed: another pusher may have the customer by then."""
+        Stops when the lease may have lapsed: another pusher may have the customer by then.
+        The customer's lease is released only once every result is recorded (a failed
+        record leaves it to lapse), so the next plan for the customer sees them all."""
         done: list[outbox.Delivery] = []
         try:
             for item in items:
@@ -190,6 +200,7 @@ class Pusher:
         finally:
             self._sender.record(done)
             held.drop(item.id for item in items)
+            self._release(held, items[0])
 
     @staticmethod
     def _delivery(

@@ -1,4 +1,5 @@
-"""What one push round keeps beside its rows: the counts it reports and the claims it renews."""
+"""What one push round keeps beside its rows: the counts it reports, and the leases and
+claims it renews."""
 
 from __future__ import annotations
 
@@ -26,9 +27,10 @@ class PushReport:
 class HeldRows:
     """The round's claimed rows it still renews: a customer's leave the set when its rows
     are done with, whatever their state (a row released and claimed again by another
-    pusher is that pusher's to renew)."""
+    pusher is that pusher's to renew). ``holder`` names the round's customer leases."""
 
-    def __init__(self, ids: Iterable[int]) -> None:
+    def __init__(self, holder: str, ids: Iterable[int]) -> None:
+        self.holder = holder
         self._ids = set(ids)
         self._lock = threading.Lock()
 

@@ -19,8 +19,10 @@ A report can arrive while a pusher is still sending the very row it names: the r
 call returned 200 but is not recorded yet, or later steps of the row are in flight. Applying
 it then would drop the rejection (no delivery to mark) or re-plan a row under a pusher that
 goes on recording the old plan. So the report is applied only under the lock of every row
-it touches, none of them claimed by a live pusher and every named event of ours recorded;
-otherwise it stays in the inbox and is handled on a later pass (``in_flight``).
+it touches, with no live pusher holding the lease of their customers (``claims``: held from
+planning until every result is recorded, whatever the rows' status) and every named event
+of ours recorded; otherwise it stays in the inbox and is handled on a later pass
+(``in_flight``).
 """
 
 from __future__ import annotations
@@ -107,9 +109,11 @@ _OUR_IDENTIFIER = re.compile(r"run:(\d+):v\d+(?::g\d+)?")
 def in_flight(
     conn: psycopg.Connection[Any], event: dict[str, Any], unsampled: Sequence[str], now: datetime
 ) -> str | None:
-    """Why the report must wait for a pusher (None when it can be applied now). Locks the
-    outbox rows of the runs it names until the caller's transaction ends, so no pusher can
-    claim them between this check and the report's writes (a claim re-checks the status)."""
+    """Why the report must wait for a pusher (None when it can be applied now): a live
+    pusher holds the lease of a customer whose runs it names, or an event of ours it names
+    is not recorded. Locks the pending outbox rows of those runs until the caller's
+    transaction ends, so no pusher can claim them between this check and the report's
+    writes (a claim re-checks the status)."""
     identifiers = {identifier for identifier, _ in sampled_errors(event)} | set(unsampled)
     runs = sorted(
         {int(m.group(1)) for i in identifiers if (m := _OUR_IDENTIFIER.fullmatch(i)) is not None}
@@ -117,13 +121,18 @@ def in_flight(
     if not runs:
         return None
     rows = conn.execute(
-        "SELECT id, claimed_until FROM stripe_outbox WHERE run_id = ANY(%s) "
+        "SELECT id FROM stripe_outbox WHERE run_id = ANY(%s) "
         "AND status = 'pending' ORDER BY id FOR UPDATE",
         (runs,),
     ).fetchall()
-    claimed = [row_id for row_id, until in rows if until is not None and until > now]
-    if claimed:
-        return f"rows {claimed} are being sent by a pusher"
+    held = conn.execute(
+        "SELECT DISTINCT l.customer_id FROM stripe_customer_leases l JOIN stripe_outbox o "
+        "ON o.tenant_id = l.tenant_id AND o.customer_id = l.customer_id "
+        "WHERE o.run_id = ANY(%s) AND l.held_until > %s ORDER BY 1",
+        (runs, now),
+    ).fetchall()
+    if held:
+        return f"customers {[c for (c,) in held]} are being sent to by a pusher"
     recorded = {
         r[0]
         for r in conn.execute(

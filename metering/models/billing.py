@@ -90,6 +90,27 @@ class StripeOutboxRow(SQLModel, table=True):
     first_attempt_at: datetime | None = timestamp_field(nullable=True)
 
 
+class StripeCustomerLeaseRow(SQLModel, table=True):
+    """A pusher's hold on one customer: from claiming the customer's rows until every
+    result of its calls is recorded, whatever those rows' status meanwhile (a correction
+    supersedes a row in flight). Claims skip customers whose lease is in force; its holder
+    renews it while the round lasts and deletes it when done, so a killed pusher's lease
+    lapses after ``stripe_push_lease_s`` (issue #29)."""
+
+    __tablename__ = "stripe_customer_leases"
+    __table_args__ = (
+        sa.PrimaryKeyConstraint("tenant_id", "customer_id"),
+        sa.ForeignKeyConstraint(
+            ["tenant_id", "customer_id"], ["customers.tenant_id", "customers.id"]
+        ),
+    )
+
+    tenant_id: str = Field(max_length=64)
+    customer_id: str = Field(max_length=128)
+    holder: str = Field(max_length=64)  # the round that holds it (renews and releases its own)
+    held_until: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))
+
+
 DELIVERY_KINDS = ("meter_event", "meter_cancel", "meter_rejected", "credit_note", "balance_credit")
 
 

@@ -266,6 +266,15 @@ def drain(pusher: Pusher, engine: Any, deadline_s: float = 120) -> list[PushRepo
     raise TimeoutError(f"outbox still has pending rows: {stuck}")
 
 
+def wait_for(predicate: Callable[[], bool], deadline_s: float = 60.0) -> None:
+    """Poll ``predicate`` until it holds (bounded): a race's moment, such as Stripe holding
+    an event whose reply the pusher still awaits."""
+    deadline = time.monotonic() + deadline_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
 def push_all(
     engine: Any,
     settings: Settings,

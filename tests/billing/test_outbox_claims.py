@@ -6,7 +6,8 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from metering.billing.claims import CLAIM, CLAIM_SCAN_FACTOR, claim
+from metering.billing.claims import CLAIM, CLAIM_SCAN_FACTOR, claim, release
+from metering.billing.outbox import OutboxRow, enqueue
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 LEASE = timedelta(minutes=2)
@@ -52,13 +53,58 @@ def seed(db: Any, *, rows: int, customers: int, start: int = 0, one_instant: boo
 
 def test_a_claim_skips_leased_customers_and_takes_the_longest_waiting_in_id_order(db):
     seed(db, rows=12, customers=3)  # run n belongs to customer c(n % 3)
-    first = claim(db, NOW, limit=100, lease=LEASE, max_customers=1)
+    first = claim(db, NOW, limit=100, lease=LEASE, max_customers=1, holder="one")
     assert {i.customer_id for i in first} == {"c0"}  # its row is the oldest
     assert [i.id for i in first] == sorted(i.id for i in first) and len(first) == 4
-    second = claim(db, NOW, limit=100, lease=LEASE, max_customers=1)
+    second = claim(db, NOW, limit=100, lease=LEASE, max_customers=1, holder="two")
     assert {i.customer_id for i in second} == {"c1"}  # c0 is leased: skipped
-    later = claim(db, NOW + LEASE + timedelta(seconds=1), limit=100, lease=LEASE)
+    later = claim(db, NOW + LEASE + timedelta(seconds=1), limit=100, lease=LEASE, holder="3")
     assert {i.customer_id for i in later} == {"c0", "c1", "c2"}  # the leases ran out
+
+
+def leases(db: Any) -> dict[str, str]:
+    return dict(db.execute("SELECT customer_id, holder FROM stripe_customer_leases").fetchall())
+
+
+def correct(db: Any, customer: str) -> None:
+    """Settlement re-decides every run of ``customer``: version 2 supersedes version 1."""
+    rows = db.execute(
+        "SELECT tenant_id, customer_id, run_id, 2, 500, period, event_timestamp "
+        "FROM stripe_outbox WHERE customer_id = %s AND decision_version = 1",
+        (customer,),
+    ).fetchall()
+    enqueue(db, [OutboxRow(*row) for row in rows], unit_micros=1)
+
+
+def test_a_customer_being_sent_gets_nothing_claimed_though_its_rows_were_superseded(db):
+    seed(db, rows=6, customers=2)
+    first = claim(db, NOW, limit=100, lease=LEASE, max_customers=1, holder="sending")
+    assert {i.customer_id for i in first} == {"c0"} and leases(db) == {"c0": "sending"}
+    correct(db, "c0")  # its claimed rows superseded, new pending rows due at once
+    db.execute("UPDATE stripe_outbox SET status = 'sent' WHERE id = %s", (first[0].id,))
+    statuses = db.execute(
+        "SELECT DISTINCT status FROM stripe_outbox WHERE customer_id = 'c0' AND id = ANY(%s)",
+        ([i.id for i in first],),
+    ).fetchall()
+    assert {s for (s,) in statuses} == {"sent", "superseded"}
+
+    second = claim(db, datetime.now(UTC), limit=100, lease=LEASE, holder="racing")
+    assert {i.customer_id for i in second} == {"c1"}  # c0's lease is in force: none of its rows
+    assert leases(db) == {"c0": "sending", "c1": "racing"}
+
+
+def test_a_lapsed_lease_is_taken_over_and_the_old_holders_release_leaves_it(db):
+    seed(db, rows=4, customers=1)
+    claim(db, NOW, limit=100, lease=LEASE, holder="killed")
+    correct(db, "c0")
+    later = datetime.now(UTC) + LEASE + timedelta(seconds=1)  # the killed pusher's lease lapsed
+    taken = claim(db, later, limit=100, lease=LEASE, holder="next")
+    assert len(taken) == 4 and {i.version for i in taken} == {2}
+    release(db, "killed", "acme", "c0")  # the killed pusher, back too late
+    assert leases(db) == {"c0": "next"}
+    assert claim(db, later, limit=100, lease=LEASE, holder="third") == []
+    release(db, "next", "acme", "c0")
+    assert leases(db) == {}
 
 
 def rows_examined(node: dict[str, Any], table: str = "stripe_outbox") -> int:
@@ -77,6 +123,7 @@ def test_a_claim_examines_about_as_many_rows_with_a_large_backlog_as_with_a_smal
             "limit": 200,
             "scan": CLAIM_SCAN_FACTOR * 200,
             "until": NOW + LEASE,
+            "holder": "explained",
             "customers": 16,
         }
         db.execute("BEGIN")

@@ -8,20 +8,12 @@ The report now waits in the inbox until no pusher holds the row, then applies.
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 from metering.billing.service import handle_webhooks
-from tests.billing.harness import big_run, link_unknown_to_stripe, start_invoicing
+from tests.billing.harness import big_run, link_unknown_to_stripe, start_invoicing, wait_for
 
 SLOW_S = 6.0  # how long Stripe holds the meter event's 200: the window of the race
-
-
-def _wait_for(predicate, deadline_s: float = 60.0) -> None:
-    deadline = time.monotonic() + deadline_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def test_rejection_reported_while_the_pusher_awaits_that_rows_reply_applies_after_it_records(
@@ -43,7 +35,7 @@ def test_rejection_reported_while_the_pusher_awaits_that_rows_reply_applies_afte
     with ThreadPoolExecutor(max_workers=1) as pool:
         sending = pool.submit(pusher.push_due)
         # Stripe has the event; the pusher has not had its reply yet.
-        _wait_for(lambda: len(control.state()["meter_events"]) == 1)
+        wait_for(lambda: len(control.state()["meter_events"]) == 1)
         control.issue_error_reports()
         handle_webhooks(engine, billing)
         assert not sending.done(), f"the race window closed early (slow_s={SLOW_S})"

@@ -21,6 +21,7 @@ DATA_TABLES = (
     "stripe_deliveries",
     "stripe_delivery_keys",
     "stripe_outbox",
+    "stripe_customer_leases",
     "stripe_carries",
     "stripe_webhook_inbox",
     "stripe_closed_periods",
