@@ -160,12 +160,23 @@ WHERE (tenant_id, customer_id) IN (
     SELECT tenant_id, customer_id FROM stripe_customer_leases WHERE holder = %(holder)s
     ORDER BY tenant_id, customer_id FOR UPDATE SKIP LOCKED
 )
+RETURNING tenant_id, customer_id
 """
 
 
-def renew(conn: psycopg.Connection[Any], holder: str, ids: list[int], until: datetime) -> None:
-    """Extend a live pusher's leases and its claim on ``ids`` (the rows it still holds)."""
-    conn.execute(RENEW, {"holder": holder, "ids": ids, "until": until})
+def renew(
+    conn: psycopg.Connection[Any],
+    holder: str,
+    ids: list[int],
+    until: datetime,
+    customers: set[tuple[str, str]],
+) -> set[tuple[str, str]]:
+    """Extend a live pusher's leases and its claim on ``ids`` (the rows it still holds).
+    Returns which of ``customers`` (those it still sends for) it no longer holds: a lease
+    that lapsed and was taken over renews nothing, and a row being written right now is
+    skipped (reported too: stopping early is the safe side)."""
+    renewed = conn.execute(RENEW, {"holder": holder, "ids": ids, "until": until}).fetchall()
+    return customers - {(t, c) for t, c in renewed}
 
 
 def release(conn: psycopg.Connection[Any], holder: str, tenant: str, customer: str) -> None:

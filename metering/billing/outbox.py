@@ -11,6 +11,7 @@ import msgspec
 import psycopg
 from psycopg.types.json import Jsonb
 
+from metering.billing import carries
 from metering.billing.plan import BillingPeriods, Sent, Step, carry_effect
 
 
@@ -108,65 +109,11 @@ def load_sent(conn: psycopg.Connection[Any], run_id: int) -> list[Sent]:
     return [Sent(*r) for r in rows]
 
 
-CustomerKey = tuple[str, str]  # tenant, customer
-
-
-def customer_key(item: OutboxItem) -> CustomerKey:
-    return (item.tenant_id, item.customer_id)
-
-
-def lock_carries(
-    conn: psycopg.Connection[Any], keys: Sequence[CustomerKey]
-) -> dict[CustomerKey, dict[str, int]]:
-    """Every period's carry of the customers ``keys``, locked until commit (one lock order
-    for everyone: sorted). A period without a row has a carry of 0."""
-    wanted = sorted(set(keys))
-    rows = conn.execute(
-        "SELECT tenant_id, customer_id, period, carry_micros FROM stripe_carries "
-        "WHERE (tenant_id, customer_id) IN (SELECT * FROM unnest(%s::text[], %s::text[])) "
-        "ORDER BY tenant_id, customer_id, period FOR UPDATE",
-        ([k[0] for k in wanted], [k[1] for k in wanted]),
-    ).fetchall()
-    carries: dict[CustomerKey, dict[str, int]] = {key: {} for key in wanted}
-    for tenant, customer, period, micros in rows:
-        carries[(tenant, customer)][period] = int(micros)
-    return carries
-
-
-def add_to_carries(
-    conn: psycopg.Connection[Any], tenant: str, customer: str, moved: dict[str, int]
-) -> None:
-    """Add ``moved`` (period → micros) to the customer's carries (a row made if new)."""
-    if moved:
-        _upsert_carries(conn, [(tenant, customer, p, m) for p, m in moved.items()], add=True)
-
-
-def _upsert_carries(
-    conn: psycopg.Connection[Any], rows: Sequence[tuple[str, str, str, int]], *, add: bool
-) -> None:
-    rows = sorted(rows)
-    value = "EXCLUDED.carry_micros"
-    if add:
-        value = f"stripe_carries.carry_micros + {value}"
-    conn.execute(
-        "INSERT INTO stripe_carries (tenant_id, customer_id, period, carry_micros) "
-        "SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[]) "
-        f"ON CONFLICT (tenant_id, customer_id, period) DO UPDATE SET carry_micros = {value}",
-        tuple([r[i] for r in rows] for i in range(4)),
-    )
-
-
 def save_plans(
-    conn: psycopg.Connection[Any],
-    plans: Sequence[tuple[OutboxItem, list[Step]]],
-    carries: dict[CustomerKey, dict[str, int]],
+    conn: psycopg.Connection[Any], plans: Sequence[tuple[OutboxItem, list[Step]]]
 ) -> None:
-    """Persist the rows' plans and the carries after them, before any call."""
-    _upsert_carries(
-        conn,
-        [(t, c, p, micros) for (t, c), by in carries.items() for p, micros in by.items()],
-        add=False,
-    )
+    """Persist the rows' plans before any call (with the carries after them, in the same
+    transaction: ``carries.save``)."""
     conn.execute(
         """
         UPDATE stripe_outbox o SET plan = u.plan, next_step = 0
@@ -370,7 +317,7 @@ def _give_back_carries(conn: psycopg.Connection[Any], ids: Sequence[int], unit_m
     for tenant, customer, steps, next_step in rows:
         unsent = [Step.from_json(s) for s in (steps or [])[next_step:]]
         effect = carry_effect(unsent, unit_micros)
-        add_to_carries(conn, tenant, customer, {p: -m for p, m in effect.items()})
+        carries.add(conn, tenant, customer, {p: -m for p, m in effect.items()})
 
 
 def billing_periods(

@@ -94,7 +94,7 @@ class Pusher:
             )
         if not items:
             return PushReport()
-        held = HeldRows(holder, (item.id for item in items))
+        held = HeldRows(holder, ((i.id, i.tenant_id, i.customer_id) for i in items))
         with Heartbeat(
             lambda until: self._renew(held, until),
             lease,
@@ -122,7 +122,8 @@ class Pusher:
 
     def _renew(self, held: HeldRows, until: datetime) -> None:
         with raw_transaction(self._engine) as conn:
-            claims.renew(conn, held.holder, held.ids(), until)
+            lost = claims.renew(conn, held.holder, held.ids(), until, held.customers())
+        held.lost(lost)
 
     def _release(self, held: HeldRows, item: outbox.OutboxItem) -> None:
         with raw_transaction(self._engine) as conn:
@@ -167,7 +168,7 @@ class Pusher:
                     continue
                 index = item.next_step
                 while index < len(steps):
-                    if not lease.held():
+                    if not (lease.held() and held.holds(item.tenant_id, item.customer_id)):
                         log.warning("push lease not renewed; leaving the customer's rows")
                         report.add(lease_lost=1)
                         return

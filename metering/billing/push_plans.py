@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.engine import Engine
 
-from metering.billing import outbox
+from metering.billing import carries, outbox
 from metering.billing.plan import BillingPeriods, PlanInput, Sent, Step, plan
 from metering.config import Settings
 from metering.db import raw_transaction
@@ -36,7 +36,7 @@ class Planner:
         plans: list[tuple[outbox.OutboxItem, list[Step]]] = []
         with raw_transaction(self._engine) as conn:
             sent = outbox.load_sent_for_runs(conn, [i.run_id for i in items])
-            carries = outbox.lock_carries(conn, [outbox.customer_key(i) for i in items])
+            held = carries.lock(conn, [(i.tenant_id, i.customer_id) for i in items])
             periods = outbox.billing_periods(
                 conn,
                 [i.stripe_customer_id for i in items],
@@ -44,14 +44,13 @@ class Planner:
                 timedelta(seconds=settings.stripe_period_close_margin_s),
             )
             for item in items:
-                key = outbox.customer_key(item)
-                steps, carries[key] = plan(
-                    self._plan_input(
-                        item, sent, carries[key], now, periods[item.stripe_customer_id]
-                    )
+                key = (item.tenant_id, item.customer_id)
+                steps, held[key] = plan(
+                    self._plan_input(item, sent, held[key], now, periods[item.stripe_customer_id])
                 )
                 plans.append((item, steps))
-            outbox.save_plans(conn, plans, carries)
+            carries.save(conn, held)
+            outbox.save_plans(conn, plans)
         return {item.id: steps for item, steps in plans}
 
     def _plan_input(

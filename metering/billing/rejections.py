@@ -35,7 +35,7 @@ from typing import Any
 
 import psycopg
 
-from metering.billing import outbox
+from metering.billing import carries, outbox
 from metering.billing.plan import period_label
 
 log = logging.getLogger("fairmeter.stripe")
@@ -224,5 +224,5 @@ def _reject(
     assert latest is not None, "a delivery belongs to an outbox row"
     # Σ units × unit + carry = Σ micros must hold without the rejected event, in the carry
     # of the period the event was dated in (where its units would have landed).
-    outbox.add_to_carries(conn, tenant, customer, {period_label(stamp): units * unit + micros})
+    carries.add(conn, tenant, customer, {period_label(stamp): units * unit + micros})
     return int(latest[0])

@@ -11,7 +11,7 @@ unsent cancels into the wrong month when dropped (those steps carried no date th
 one unit per such row, and only for rows in flight while the migration runs.
 
 Revision ID: 0028
-Revises: 0026
+Revises: 0027
 Create Date: 2026-12-03 10:00:00
 
 """
@@ -24,7 +24,7 @@ import sqlalchemy as sa
 
 # revision identifiers, used by Alembic.
 revision: str = "0028"
-down_revision: Union[str, Sequence[str], None] = "0026"
+down_revision: Union[str, Sequence[str], None] = "0027"
 branch_labels: Union[str, Sequence[str], None] = None
 depends_on: Union[str, Sequence[str], None] = None
 

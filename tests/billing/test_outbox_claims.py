@@ -6,6 +6,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from metering.billing import claims
 from metering.billing.claims import CLAIM, CLAIM_SCAN_FACTOR, claim, release
 from metering.billing.outbox import OutboxRow, enqueue
 
@@ -100,6 +101,10 @@ def test_a_lapsed_lease_is_taken_over_and_the_old_holders_release_leaves_it(db):
     later = datetime.now(UTC) + LEASE + timedelta(seconds=1)  # the killed pusher's lease lapsed
     taken = claim(db, later, limit=100, lease=LEASE, holder="next")
     assert len(taken) == 4 and {i.version for i in taken} == {2}
+    # The old holder's stalled heartbeat renews at last: it learns the customer is lost.
+    until = later + LEASE
+    assert claims.renew(db, "killed", [], until, {("acme", "c0")}) == {("acme", "c0")}
+    assert claims.renew(db, "next", [], until, {("acme", "c0")}) == set()
     release(db, "killed", "acme", "c0")  # the killed pusher, back too late
     assert leases(db) == {"c0": "next"}
     assert claim(db, later, limit=100, lease=LEASE, holder="third") == []
