@@ -28,6 +28,9 @@ from metering.billing.gateway import StripeGateway
 from metering.billing.plan import Step
 from metering.config import Settings
 
+# The start of a row's last_error while it waits past its sending window.
+AWAITING = "awaiting reconciliation"
+
 
 class Landed(Enum):
     YES = "landed"
@@ -49,12 +52,12 @@ def trusted_at(first_attempt_at: datetime, settings: Settings) -> datetime:
     )
 
 
-def awaiting_count(conn: psycopg.Connection[Any], now: datetime, settings: Settings) -> int:
-    """Pending rows past their sending window: each waits for reconciliation (an operator
-    watches this; a row stays counted while its hour's summary disagrees)."""
+def awaiting_count(conn: psycopg.Connection[Any]) -> int:
+    """Pending rows the pusher last left awaiting reconciliation: past their sending window,
+    summaries not trusted yet or explaining neither outcome (an operator watches this)."""
     row = conn.execute(
-        "SELECT count(*) FROM stripe_outbox WHERE status = 'pending' AND first_attempt_at <= %s",
-        (now - _sending_window(settings),),
+        "SELECT count(*) FROM stripe_outbox WHERE status = 'pending' AND last_error LIKE %s",
+        (AWAITING + ":%",),
     ).fetchone()
     return int(row[0]) if row else 0
 

@@ -47,7 +47,6 @@ class Done:
 
 WAIT = "wait"  # the row waits; the customer's later rows go on
 RESEND = "resend"  # reconciled as not landed: plan the row again under a new generation
-AWAITING = "awaiting reconciliation"  # a row's last_error while it waits past its window
 Outcome = Done | bool | str | None
 
 
@@ -200,7 +199,7 @@ class StepSender:
                 "why": why,
             },
         )
-        self._later(item, f"{AWAITING}: {why} (hour {hour.isoformat()})")
+        self._later(item, f"{reconcile.AWAITING}: {why} (hour {hour.isoformat()})")
         report.add(retried=1)
 
     def _call(self, item: outbox.OutboxItem, step: Step, key: str) -> Done:

@@ -13,8 +13,9 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from metering.billing import reconcile
-from metering.db import raw_transaction
+from litestar.testing import TestClient
+
+from api.app import create_app
 from tests.billing.harness import (
     START,
     Clocks,
@@ -121,8 +122,9 @@ def test_past_the_window_nothing_is_resent_until_summaries_are_trusted_and_rows_
     landed, lost = run_id_of(db, "run-landed"), run_id_of(db, "run-lost")
     assert identifiers(control) == [f"run:{landed}:v1"]  # nothing resent
     assert pending(db) == 2
-    with raw_transaction(engine) as conn:
-        assert reconcile.awaiting_count(conn, clocks.now(), billing) == 2
+    with TestClient(app=create_app(billing)) as client:
+        metrics = client.get("/metrics").text
+    assert "fairmeter_stripe_outbox_awaiting_reconciliation 1.0" in metrics
     alarms = [r for r in caplog.records if r.getMessage() == "stripe row awaiting reconciliation"]
     assert alarms and alarms[0].levelno == logging.ERROR
     assert {"outbox_id", "customer", "hour"} <= set(vars(alarms[0]))
