@@ -104,7 +104,8 @@ def unsampled_rejections(
             key: ledger_hourly(conn, key[0], key[1], min(g), max(g) + timedelta(hours=1))
             for key, g in groups.items()
         }
-        last = max((last_call(conn, key[0], key[1], g) for key, g in groups.items()), default=None)
+        calls = [last_call(conn, key[0], key[1], g) for key, g in groups.items()]
+    last = max((call for call in calls if call is not None), default=None)
     if last is not None and last > settled_before:
         log.info("stripe error report waits for summaries", extra={"last_call": str(last)})
         return None
