@@ -13,6 +13,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from litestar.testing import TestClient
 
 from api.app import create_app
@@ -56,40 +57,33 @@ def push_as_minutes_pass(pusher: Any, db: Any, clocks: Clocks, minutes: int = 20
     raise AssertionError(f"rows still pending after {minutes} minutes")
 
 
-def test_replayed_500_that_did_not_land_is_probed_and_sent_once(
-    engine, stripe_settings, db, control, link, sdk
+@pytest.mark.parametrize(
+    ("fault", "make_run", "units"),
+    [
+        # Stripe does nothing but stores a 500 under the key: every retry with it replays it.
+        ("stored_500", small_run, 60),
+        # Stripe commits the event, then stores a 500 under the key; the summary shows the
+        # event only 10 minutes later.
+        ("stored_500_after_commit", big_run, 120),
+    ],
+    ids=["not-landed", "landed"],
+)
+def test_replayed_500_is_probed_under_its_identifier_and_billed_once(
+    fault, make_run, units, engine, stripe_settings, db, control, link, sdk
 ):
     invoicing = start_invoicing(stripe_settings, control, emulator=LAGGING)
     billing, clocks = invoicing.settings, invoicing.clocks
-    small_run(engine, billing, "run-lost", "cust-d")
+    make_run(engine, billing, "run-1", "cust-d")
     stripe_id = link("cust-d")
-    # Stripe does nothing but stores a 500 under the key: every retry with it replays the 500.
-    control.inject_faults(next=["stored_500"], path=METER_EVENTS)
+    control.inject_faults(next=[fault], path=METER_EVENTS)
     push_as_minutes_pass(invoicing.pusher(engine), db, clocks)
 
     finalize_month_of(START, clocks, engine, billing)
     assert invoiced_minor(sdk, stripe_id) == billed_minor(db, "cust-d")
-    assert billed_minor(db, "cust-d") == {START.strftime("%Y-%m"): 60}
-    # The probe (same identifier, fresh key) was taken: no resend under a new identifier.
-    assert identifiers(control) == [f"run:{run_id_of(db, 'run-lost')}:v1"]
-
-
-def test_replayed_500_that_landed_is_probed_and_not_billed_twice(
-    engine, stripe_settings, db, control, link, sdk
-):
-    invoicing = start_invoicing(stripe_settings, control, emulator=LAGGING)
-    billing, clocks = invoicing.settings, invoicing.clocks
-    big_run(engine, billing, "run-landed", "cust-d")
-    stripe_id = link("cust-d")
-    # Stripe commits the event but stores a 500 under the key: every retry replays it, and
-    # the summary does not show the event for 10 minutes.
-    control.inject_faults(next=["stored_500_after_commit"], path=METER_EVENTS)
-    push_as_minutes_pass(invoicing.pusher(engine), db, clocks)
-
-    finalize_month_of(START, clocks, engine, billing)
-    assert invoiced_minor(sdk, stripe_id) == billed_minor(db, "cust-d")
-    assert billed_minor(db, "cust-d") == {START.strftime("%Y-%m"): 120}
-    assert identifiers(control) == [f"run:{run_id_of(db, 'run-landed')}:v1"]
+    assert billed_minor(db, "cust-d") == {START.strftime("%Y-%m"): units}
+    # The probe (same identifier, fresh key) was refused as a duplicate or taken: no resend
+    # under a new identifier.
+    assert identifiers(control) == [f"run:{run_id_of(db, 'run-1')}:v1"]
 
 
 def test_past_the_window_nothing_is_resent_until_summaries_are_trusted_and_rows_alarm(
