@@ -79,7 +79,9 @@ def record_spans(result: str, reason: str, count: int) -> None:
 
 
 def render_metrics(
-    outbox_counts: dict[str, int], rejected_by_code: dict[str, int] | None = None
+    outbox_counts: dict[str, int],
+    rejected_by_code: dict[str, int] | None = None,
+    awaiting_reconciliation: int = 0,
 ) -> tuple[bytes, str]:
     """Process metrics plus gauges read from the database at scrape time (shared state, so
     every API process reports the same numbers, e.g. the Stripe dead letter)."""
@@ -92,7 +94,9 @@ def render_metrics(
     else:
         body = generate_latest()
     gauges = CollectorRegistry()
-    gauges.register(_OutboxCollector(outbox_counts, rejected_by_code or {}))
+    gauges.register(
+        _OutboxCollector(outbox_counts, rejected_by_code or {}, awaiting_reconciliation)
+    )
     return body + generate_latest(gauges), CONTENT_TYPE_LATEST
 
 
@@ -137,9 +141,10 @@ def _running(pid: int) -> bool:
 
 
 class _OutboxCollector:
-    def __init__(self, counts: dict[str, int], rejected: dict[str, int]) -> None:
+    def __init__(self, counts: dict[str, int], rejected: dict[str, int], awaiting: int) -> None:
         self._counts = counts
         self._rejected = rejected
+        self._awaiting = awaiting
 
     def collect(self) -> Any:
         family = GaugeMetricFamily(
@@ -156,6 +161,12 @@ class _OutboxCollector:
         for code, count in sorted(self._rejected.items()):
             rejected.add_metric([code], count)
         yield rejected
+        yield GaugeMetricFamily(
+            "fairmeter_stripe_outbox_awaiting_reconciliation",
+            "Pending rows past their idempotency window that wait for Stripe's summaries to be "
+            "trusted, or that the summaries do not explain (an operator looks: docs/stripe.md)",
+            value=self._awaiting,
+        )
 
 
 def latency_middleware(app: ASGIApp) -> ASGIApp:

@@ -9,7 +9,7 @@ from litestar.openapi.datastructures import ResponseSpec
 from api.metrics import render_metrics
 from api.services import Services
 from api.wire import Health
-from metering.billing import outbox, rejections
+from metering.billing import outbox, reconcile, rejections
 from metering.db import raw_transaction
 
 
@@ -59,9 +59,10 @@ def metrics(state: State) -> Response[bytes]:
         with raw_transaction(services.engine) as conn:
             counts = outbox.status_counts(conn)
             rejected = rejections.counts_by_code(conn)
+            awaiting = reconcile.awaiting_count(conn)
     except Exception:  # metrics must still answer while the database is down
-        counts, rejected = {}, {}
-    body, content_type = render_metrics(counts, rejected)
+        counts, rejected, awaiting = {}, {}, 0
+    body, content_type = render_metrics(counts, rejected, awaiting)
     # Litestar appends "; charset=utf-8" to every text/* type: a second one would make the
     # header ambiguous to strict parsers.
     return Response(body, media_type=content_type.replace("; charset=utf-8", ""))

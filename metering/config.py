@@ -86,12 +86,17 @@ class Settings(BaseSettings):
     stripe_finalization_grace_s: int = 3600
     stripe_period_close_margin_s: int = 600
     # Stripe keeps an idempotency key (and a meter event identifier) for at least 24 h; a row
-    # still retrying this long after its first call is reconciled against Stripe's summaries
-    # before it is resent under new keys, never retried blindly past the window.
+    # still retrying this long (less the margin) after its first call sends nothing more: it
+    # waits for Stripe's summaries (below) before anything is resent under new keys.
     stripe_idempotency_window_s: int = 24 * 3600
     stripe_idempotency_margin_s: int = 3600
-    # Meter event summaries are eventually consistent: trust them only for calls older than
-    # this.
+    # Meter event summaries are eventually consistent with no documented bound on their lag:
+    # they are read as "did not land" only this long after the last call that could have
+    # landed, a window far longer than any lag seen (docs/stripe.md "Exactly once").
+    stripe_summary_trust_s: float = 6 * 3600.0
+    # The drift check's patience only (drift.summary_lag): hours that ended less than this
+    # ago are not compared, so a usual lag raises no false alarm. Never proof that a call
+    # did not land: that takes stripe_summary_trust_s.
     stripe_summary_lag_s: float = 300.0
     # Client-side rate limits, per process, at Stripe's documented rates: 100 operations/s
     # in live mode (25 in a sandbox: set it so), and 1000 meter events/s.

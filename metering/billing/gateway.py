@@ -398,3 +398,13 @@ def line_price(line: dict[str, Any]) -> str | dict[str, Any] | None:
     details = (line.get("pricing") or {}).get("price_details") or {}
     price = details.get("price") or line.get("price")
     return price if isinstance(price, str | dict) else None
+
+
+ALREADY_CANCELLED = "has already been canceled"
+
+
+def already_cancelled(exc: Exception) -> bool:
+    """Stripe refused a cancel of an event that is cancelled already: what a probe of a
+    cancel hears when the first attempt landed. Stripe's reference documents no answer for a
+    second cancel; these are the emulator's words (meter_events.py), matched loosely."""
+    return isinstance(exc, stripe.InvalidRequestError) and ALREADY_CANCELLED in str(exc)

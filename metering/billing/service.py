@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -62,7 +63,10 @@ def handle_webhooks(engine: Engine, settings: Settings) -> int:
             invoice = StripeGateway(settings).retrieve_invoice(invoice_id)
             payload = webhooks.with_object(payload, invoice)
         if type_ in webhooks.THIN_TYPES:
-            unsampled = unsampled_rejections(engine, settings, payload)
+            found = unsampled_rejections(engine, settings, payload)
+            if found is None:
+                continue  # left unhandled: a later pass reads settled summaries
+            unsampled = found
         with raw_transaction(engine) as conn:
             handled += webhooks.handle_one(
                 conn,
@@ -74,28 +78,48 @@ def handle_webhooks(engine: Engine, settings: Settings) -> int:
     return handled
 
 
-def unsampled_rejections(engine: Engine, settings: Settings, report: dict[str, Any]) -> list[str]:
-    """Meter events of the report's window that it did not sample but Stripe rejected.
+def unsampled_rejections(
+    engine: Engine, settings: Settings, report: dict[str, Any]
+) -> list[str] | None:
+    """Meter events of the report's window that it did not sample but Stripe rejected; None
+    while a summary of those hours may still lag (the report waits for a later pass).
 
     Reports count every error but sample only a few. For each customer and hour with
     events Stripe received in the window, what we sent minus Stripe's summary (minus the
     sampled rejections) is what else was rejected; when that equals the window's other
     events in the hour, they were all rejected (a customer's or meter's errors reject
-    every event). Anything else is left to the drift check, and logged.
+    every event). Anything else is left to the drift check, and logged. A summary that
+    has not caught up would make accepted events look rejected, so an hour is read only
+    ``stripe_summary_trust_s`` after its last call (docs/stripe.md "Exactly once").
     """
     counts, sampled = rejections.error_counts(report), rejections.sampled_errors(report)
     window = rejections.validation_window(report)
     if window is None or sum(counts.values()) <= len(sampled):
         return []
     slack = timedelta(seconds=1)
+    settled_before = datetime.now(UTC) - timedelta(seconds=settings.stripe_summary_trust_s)
     with raw_transaction(engine) as conn:
         groups = window_deliveries(conn, window[0] - slack, window[1] + slack)
         ours = {
             key: ledger_hourly(conn, key[0], key[1], min(g), max(g) + timedelta(hours=1))
             for key, g in groups.items()
         }
-    sampled_ids = {identifier for identifier, _ in sampled}
-    gateway, found = StripeGateway(settings), []
+        calls = [last_call(conn, key[0], key[1], g) for key, g in groups.items()]
+    last = max((call for call in calls if call is not None), default=None)
+    if last is not None and last > settled_before:
+        log.info("stripe error report waits for summaries", extra={"last_call": str(last)})
+        return None
+    return _attribute(StripeGateway(settings), groups, ours, {i for i, _ in sampled})
+
+
+def _attribute(
+    gateway: StripeGateway,
+    groups: dict[tuple[str, str, str], dict[datetime, list[tuple[str, int]]]],
+    ours: dict[tuple[str, str, str], dict[datetime, int]],
+    sampled_ids: set[str],
+) -> list[str]:
+    """The unsampled events the settled summaries show rejected, hour by hour."""
+    found: list[str] = []
     for (tenant, customer, stripe_id), by_hour in groups.items():
         start, end = min(by_hour), max(by_hour) + timedelta(hours=1)
         theirs = stripe_hourly(gateway, stripe_id, start, end)
@@ -111,6 +135,25 @@ def unsampled_rejections(engine: Engine, settings: Settings, report: dict[str, A
                     extra={"customer": customer, "hour": hour.isoformat(), "units": missing},
                 )
     return found
+
+
+def last_call(
+    conn: psycopg.Connection[Any], tenant: str, customer: str, hours: Iterable[datetime]
+) -> datetime | None:
+    """When Stripe last received a call that moves one of the customer's ``hours``: a meter
+    event dated in it, or a cancel of one."""
+    row = conn.execute(
+        """
+        SELECT max(d.stripe_received_at) FROM stripe_deliveries d
+        JOIN stripe_deliveries e ON e.tenant_id = d.tenant_id AND e.kind = 'meter_event'
+          AND e.identifier = COALESCE(d.cancels_identifier, d.identifier)
+        WHERE d.tenant_id = %s AND d.customer_id = %s
+          AND d.kind IN ('meter_event', 'meter_cancel')
+          AND date_trunc('hour', e.event_timestamp) = ANY(%s)
+        """,
+        (tenant, customer, list(hours)),
+    ).fetchone()
+    return row[0] if row else None
 
 
 def window_deliveries(

@@ -2,9 +2,9 @@
 
 Split from the pusher (push.py), which walks each customer's rows in order: this module
 makes the call (same key and parameters on every retry), retries a blip in place, parks a
-dead row, waits for a credit note's invoice, and reconciles against Stripe's summaries
-(reconcile.py) when a replayed 5xx or the end of the idempotency window leaves unknown
-whether an earlier attempt landed.
+dead row, waits for a credit note's invoice, probes a replayed 5xx (the same identifier under
+a fresh key), and past the idempotency window reconciles against Stripe's summaries
+(reconcile.py) once they can be trusted.
 """
 
 from __future__ import annotations
@@ -19,7 +19,13 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy.engine import Engine
 
 from metering.billing import credit_notes, outbox, reconcile
-from metering.billing.gateway import StripeGateway, Verdict, classify, replayed_server_error
+from metering.billing.gateway import (
+    StripeGateway,
+    Verdict,
+    already_cancelled,
+    classify,
+    replayed_server_error,
+)
 from metering.billing.plan import Step
 from metering.billing.push_round import PushReport
 from metering.config import Settings
@@ -88,8 +94,8 @@ class StepSender:
         its invoice is not final yet; RESEND when reconciled as not landed."""
         settings = self._settings
         if step.kind != "credit_note" and self._window_spent(item):
-            return self._reconcile(item, step, done, report, "idempotency window ending")
-        key = f"fairmeter:{item.id}:{index}:{step.identifier}"
+            return self._reconcile(item, step, done, report)
+        key = base_key = f"fairmeter:{item.id}:{index}:{step.identifier}"
         if step.kind == "credit_note":
             self.record(done)  # its amount depends on every earlier note being recorded
         for quick_retry in range(settings.stripe_quick_retries + 1):
@@ -105,12 +111,15 @@ class StepSender:
                 return False
             except Exception as exc:  # classified: every SDK error maps to a verdict
                 verdict = classify(exc)
-                if verdict is Verdict.DELIVERED:
+                if verdict is Verdict.DELIVERED or (key != base_key and already_cancelled(exc)):
                     # Stripe had it already; treat it as old so it is never cancelled later.
                     return Done(self._clock() - timedelta(days=2), "duplicate identifier")
-                if replayed_server_error(exc) and step.kind != "credit_note":
-                    return self._reconcile(item, step, done, report, "replayed 5xx")
-                if verdict is Verdict.DEAD or quick_retry == settings.stripe_quick_retries:
+                last = quick_retry == settings.stripe_quick_retries
+                if replayed_server_error(exc) and step.kind != "credit_note" and not last:
+                    key = self._probe_key(item, base_key, quick_retry, exc)
+                    report.add(retried=1)
+                    continue
+                if verdict is Verdict.DEAD or last:
                     self._failed(item, exc, verdict, report)
                     return False if verdict is Verdict.DEAD else None
                 # A blip: retry this call shortly, in place (same key, same parameters);
@@ -119,13 +128,26 @@ class StepSender:
                 time.sleep(backoff(quick_retry, settings, self._rng).total_seconds())
         return None
 
+    def _probe_key(
+        self, item: outbox.OutboxItem, base_key: str, quick_retry: int, exc: Exception
+    ) -> str:
+        """A fresh idempotency key for the same step and identifier: Stripe replays the
+        stored 5xx to the old key forever, but refuses the identifier as a duplicate if the
+        first attempt landed, or takes the event (or cancel) now if it did not. Billed once
+        either way while the identifier is unique (``_window_spent`` ends probing in time);
+        a cancel cannot take effect twice. The row's attempts make each round's keys new."""
+        key = f"{base_key}:probe{item.attempts}.{quick_retry}"
+        log.warning(
+            "stripe replayed a 5xx; probing with the same identifier",
+            extra={"outbox_id": item.id, "key": key, "error": str(exc)},
+        )
+        return key
+
     def _window_spent(self, item: outbox.OutboxItem) -> bool:
-        """Whether the row's keys are about to outlive Stripe's idempotency window."""
+        """Whether the row's keys and identifiers are about to outlive Stripe's window."""
         if item.first_attempt_at is None:
             return False
-        settings = self._settings
-        limit = settings.stripe_idempotency_window_s - settings.stripe_idempotency_margin_s
-        return self._clock() - item.first_attempt_at >= timedelta(seconds=limit)
+        return self._clock() >= reconcile.sending_ends_at(item.first_attempt_at, self._settings)
 
     def _reconcile(
         self,
@@ -133,21 +155,21 @@ class StepSender:
         step: Step,
         done: list[outbox.Delivery],
         report: PushReport,
-        why: str,
     ) -> Outcome:
-        """Ask Stripe's summaries whether the step landed: record it, resend it under a new
-        generation, or retry later when the summaries cannot tell yet."""
+        """Past the sending window: nothing more is sent. Once summaries can be trusted, the
+        step is recorded as landed or resent under a new generation; until then, or while
+        the hour's summary explains neither, the row waits and raises an alarm."""
         now = self._clock()
         if step.kind == "meter_event" and step.units == 0:
             return Done(now, "less than one meter unit: carried")
         first = item.first_attempt_at or now
-        if now - first < timedelta(seconds=self._settings.stripe_summary_lag_s):
-            self._later(item, f"{why}: waiting for Stripe's summaries to settle")
-            report.add(retried=1)
-            return None
         self.record(done)  # our side of the hour must include every earlier call
         with raw_transaction(self._engine) as conn:
             hour, ours = reconcile.our_hour(conn, item.tenant_id, item.customer_id, step)
+        trusted_at = reconcile.trusted_at(first, self._settings)
+        if now < trusted_at:
+            self._await(item, hour, f"summaries trusted from {trusted_at.isoformat()}", report)
+            return None
         try:
             landed, delta = reconcile.meter_call_landed(
                 self._gateway(), item.stripe_customer_id, step, hour, ours
@@ -157,15 +179,28 @@ class StepSender:
             return None
         log.warning(
             "stripe call reconciled",
-            extra={"outbox_id": item.id, "why": why, "landed": landed.value, "delta": delta},
+            extra={"outbox_id": item.id, "landed": landed.value, "delta": delta},
         )
         if landed is reconcile.Landed.YES:
-            return Done(first, f"{why}: reconciled, landed")
+            return Done(first, "idempotency window ended: reconciled, landed")
         if landed is reconcile.Landed.NO:
             return RESEND
-        self._later(item, f"{why}: summaries differ by {delta} units in {hour.isoformat()}")
-        report.add(retried=1)
+        self._await(item, hour, f"summary differs by {delta} units", report)
         return None
+
+    def _await(self, item: outbox.OutboxItem, hour: datetime, why: str, report: PushReport) -> None:
+        """The row waits for reconciliation, loudly: an operator may have to look."""
+        log.error(
+            "stripe row awaiting reconciliation",
+            extra={
+                "outbox_id": item.id,
+                "customer": item.customer_id,
+                "hour": hour.isoformat(),
+                "why": why,
+            },
+        )
+        self._later(item, f"{reconcile.AWAITING}: {why} (hour {hour.isoformat()})")
+        report.add(retried=1)
 
     def _call(self, item: outbox.OutboxItem, step: Step, key: str) -> Done:
         gateway, now = self._gateway(), self._clock()
