@@ -66,10 +66,10 @@ class Emulator:
         base = {"Request-Id": state.next_request_id(), "Stripe-Version": API_VERSION}
         try:
             _authenticate(headers.get("authorization"))
-            self.limiter.admit(method, path, state.settings)
             found = routes.match(method, path)
             if found is None:
                 raise errors.unrecognized_url(method, path)
+            self.limiter.admit(found[0].endpoint, state.settings)
             fault = self.faults.draw(method, path)
             if fault is not None:
                 state.count(f"fault:{fault}")

@@ -41,6 +41,11 @@ class Route:
     handler: Handler
     lock_key: LockKeyFor | None = None
 
+    @property
+    def endpoint(self) -> str:
+        """The named operation ("GET /v1/customers/{id}") Stripe's per-endpoint limit counts."""
+        return f"{self.method} {self.pattern.pattern.replace(_ID, '{id}')}"
+
 
 def _stored_event(call: Call) -> dict[str, Any]:
     with call.state.lock:

@@ -33,14 +33,20 @@ class EmulatorSettings:
     auto_subscribe: bool = True
     default_currency: str = "usd"
     unit_amount_minor: int = 1
-    # "sync": refuse bad meter events with 400; "async": 200 now, an error report later.
-    validation_mode: str = "sync"
+    # "async" (Stripe's v1 meter events): 200 now, an error report later; "sync": refuse a
+    # bad meter event with 400 (the v2 endpoint's behaviour, kept for tests that want it).
+    validation_mode: str = "async"
     error_report_delay_s: int = 60
     error_report_sample_cap: int = 5
-    summary_lag_s: int = 0
-    # Requests per wall-clock second; None: unlimited (Stripe live mode: 100, sandbox: 25).
-    rate_limit_per_s: int | None = None
-    meter_event_rate_limit_per_s: int | None = None
+    # Summaries are "eventually consistent" and Stripe documents no bound on the delay: 600 s
+    # is the emulator's choice, long enough that a caller reading its own writes notices.
+    summary_lag_s: int = 600
+    # Requests per wall-clock second, at Stripe's sandbox figures; None: unlimited. Global: 25
+    # (live 100); each endpoint (method + path pattern): 25; meter events: their own bucket,
+    # not counted against the others, at the 1,000/s Stripe documents for live mode.
+    rate_limit_per_s: int | None = 25
+    endpoint_rate_limit_per_s: int | None = 25
+    meter_event_rate_limit_per_s: int | None = 1000
     auto_deliver: bool = True
 
     def update(self, changes: dict[str, Any]) -> None:
@@ -68,6 +74,7 @@ _OPTIONAL = {
     "webhook_secret",
     "auto_pay_after_s",
     "rate_limit_per_s",
+    "endpoint_rate_limit_per_s",
     "meter_event_rate_limit_per_s",
 }
 _BOOLS = {"lock_rule", "allow_negative_values", "auto_subscribe", "auto_deliver"}

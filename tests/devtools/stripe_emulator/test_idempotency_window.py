@@ -16,6 +16,7 @@ from tests.devtools.stripe_emulator.invoicing_harness import (
     sdk,
     send_usage,
     summed_usage,
+    wait_out_summary_lag,
 )
 
 METER_EVENTS = "/v1/billing/meter_events"
@@ -62,6 +63,7 @@ def test_stored_500_lapses_with_its_key_after_24_hours(
     control.advance_clock(1)
     send_usage(client, customer.id, 5, timestamp=NOW, identifier="u1", key="k1")
 
+    wait_out_summary_lag(control)
     assert summed_usage(client, meter.id, customer.id, JAN_1, FEB_1) == 5
 
 
@@ -78,6 +80,7 @@ def test_stored_500_after_commit_hides_an_event_that_landed(
         with pytest.raises(stripe.APIError):
             send_usage(client, customer.id, 5, timestamp=NOW, identifier="u1", key="k1")
 
+    wait_out_summary_lag(control)
     assert summed_usage(client, meter.id, customer.id, JAN_1, FEB_1) == 5  # only summaries tell
 
 
@@ -96,4 +99,6 @@ def test_late_retry_after_the_windows_lapse_is_billed_twice(
     send_usage(client, customer.id, 5, timestamp=NOW, identifier="u1", key="k1")
 
     assert replay.last_response.headers.get("Idempotent-Replayed") == "true"
+    wait_out_summary_lag(control)
     assert summed_usage(client, meter.id, customer.id, JAN_1, FEB_1) == 10
+

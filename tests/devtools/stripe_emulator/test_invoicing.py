@@ -22,6 +22,7 @@ from tests.devtools.stripe_emulator.invoicing_harness import (
     receiver,
     send_usage,
     summed_usage,
+    wait_out_summary_lag,
 )
 
 
@@ -94,6 +95,7 @@ def test_late_usage_and_cancellations_after_finalization_move_summaries_not_the_
 
     (invoice,) = invoices_of(client, customer.id)
     assert (invoice.status, invoice.total, invoice.lines.data[0].quantity) == ("open", 14, 14)
+    wait_out_summary_lag(control)
     assert summed_usage(client, meter.id, customer.id, JAN_1, FEB_1) == 10 + 6
 
 
