@@ -62,7 +62,6 @@ def create_credit_note(state: EmulatorState, params: Params) -> dict[str, Any]:
                 f"Invoice {invoice.id} is a draft; credit notes can only be issued for "
                 "finalized (open or paid) invoices.",
                 param="invoice",
-                stored=True,
             )
         amount, lines = _amount_and_lines(invoice, params)
         _check_creditable(state, invoice, amount)
@@ -179,7 +178,6 @@ def _check_creditable(state: EmulatorState, invoice: Invoice, amount: int) -> No
             f"The credit note amount ({amount}) is greater than the amount that can still be "
             f"credited on invoice {invoice.id} ({invoice.total - credited}).",
             param="amount",
-            stored=True,
         )
 
 
@@ -194,7 +192,6 @@ def _check_split(
             f"({sum(split.values())}) must equal the credit note's post_payment_amount "
             f"({post_payment}): the part of the credit note above the invoice's "
             "amount_remaining.",
-            stored=True,
         )
     refunded = sum(note.refund_amount for note in _notes_of(state, invoice.id))
     if split["refund_amount"] > invoice.amount_paid - refunded:
@@ -202,7 +199,6 @@ def _check_split(
             f"refund_amount ({split['refund_amount']}) is greater than the amount paid and not "
             f"yet refunded on invoice {invoice.id} ({invoice.amount_paid - refunded}).",
             param="refund_amount",
-            stored=True,
         )
 
 

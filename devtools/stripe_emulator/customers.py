@@ -38,7 +38,6 @@ def create_customer(state: EmulatorState, params: Params) -> dict[str, Any]:
                 f"Customer already exists: '{customer.id}'",
                 param="id",
                 code="resource_already_exists",
-                stored=True,
             )
         state.customers[customer.id] = customer
         state.balance_transactions[customer.id] = []

@@ -227,7 +227,6 @@ def pay_invoice(state: EmulatorState, invoice_id: str, params: Params) -> dict[s
         if invoice.status != "open":
             raise invalid_request(
                 f"Invoice {invoice.id} is {invoice.status}; only an open invoice can be paid.",
-                stored=True,
             )
         mark_paid(state, invoice, state.clock.now())
         return render_invoice(state, invoice)

@@ -102,3 +102,22 @@ def test_late_retry_after_the_windows_lapse_is_billed_twice(
     wait_out_summary_lag(control)
     assert summed_usage(client, meter.id, customer.id, JAN_1, FEB_1) == 10
 
+
+def test_a_validation_error_is_not_kept_so_a_retry_after_the_fix_executes(
+    client: stripe.StripeClient,
+) -> None:
+    credit = {"amount": -500, "currency": "usd"}
+    options = {"idempotency_key": "credit-acme-1"}
+    with pytest.raises(stripe.InvalidRequestError) as missing:
+        client.v1.customers.balance_transactions.create("cus_acme", params=credit, options=options)  # type: ignore[arg-type]
+
+    client.v1.customers.create(params={"id": "cus_acme", "name": "Acme"})
+    retried = client.v1.customers.balance_transactions.create(
+        "cus_acme",
+        params=credit,
+        options=options,  # type: ignore[arg-type]
+    )
+
+    assert missing.value.code == "resource_missing"
+    assert retried.last_response.headers.get("Idempotent-Replayed") is None
+    assert client.v1.customers.retrieve("cus_acme").balance == -500
