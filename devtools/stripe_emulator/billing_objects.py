@@ -7,7 +7,16 @@ Plain dataclasses guarded by ``EmulatorState.lock``; ``invoicing``, ``credit_not
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
+
+
+def minor_units(quantity: int, unit_amount_decimal: str) -> int:
+    """``quantity`` × a price's ``unit_amount_decimal`` (minor units, up to 12 decimals) as a
+    whole number of minor units. Stripe documents no rounding mode for this product; half-up
+    is the emulator's choice (and the one Fairmeter's gateway uses)."""
+    exact = Decimal(quantity) * Decimal(unit_amount_decimal)
+    return int(exact.to_integral_value(rounding=ROUND_HALF_UP))
 
 
 @dataclass
@@ -46,14 +55,14 @@ class InvoiceLine:
     price: str  # how Stripe ties the line to its meter: the price's recurring[meter]
     product: str
     quantity: int
-    unit_amount_minor: int
+    unit_amount_decimal: str  # the price's, fractions of a minor unit allowed
     period_start: int
     period_end: int
     description: str
 
     @property
     def amount(self) -> int:
-        return self.quantity * self.unit_amount_minor
+        return minor_units(self.quantity, self.unit_amount_decimal)
 
 
 @dataclass

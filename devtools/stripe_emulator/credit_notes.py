@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from devtools.stripe_emulator.billing_objects import CreditNote, Invoice
+from devtools.stripe_emulator.billing_objects import CreditNote, Invoice, minor_units
 from devtools.stripe_emulator.customers import move_balance
 from devtools.stripe_emulator.errors import invalid_request, missing_param, resource_missing
 from devtools.stripe_emulator.forms import Params
@@ -134,7 +134,7 @@ def _parse_line(invoice: Invoice, index: int, raw: Any) -> dict[str, Any]:
         if "amount" in raw:
             amount = parse_int(raw["amount"], f"{label}[amount]")
         else:
-            amount = quantity * billed.unit_amount_minor
+            amount = minor_units(quantity, billed.unit_amount_decimal)
         return _line(invoice, kind, amount, quantity, None, line_id, billed.description)
     if kind == "custom_line_item":
         unit = parse_int(raw.get("unit_amount"), f"{label}[unit_amount]")

@@ -31,7 +31,7 @@ def usage_lines(state: EmulatorState, invoice: Invoice, at: int) -> list[Invoice
                 product=price.product,
                 # Stripe bills a negative cycle total (negative events allowed) as quantity 0.
                 quantity=max(0, aggregate(meter.formula, events)),
-                unit_amount_minor=invoice.unit_amount_minor,
+                unit_amount_decimal=price.unit_amount_decimal,
                 period_start=invoice.period_start,
                 period_end=invoice.period_end,
                 description=meter.display_name,

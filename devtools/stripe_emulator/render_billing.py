@@ -102,7 +102,7 @@ def _render_line(invoice: Invoice, line: InvoiceLine) -> dict[str, Any]:
         "pricing": {
             "type": "price_details",
             "price_details": {"price": line.price, "product": line.product},
-            "unit_amount_decimal": str(line.unit_amount_minor),
+            "unit_amount_decimal": line.unit_amount_decimal,
         },
         "quantity": line.quantity,
         "subtotal": line.amount,
