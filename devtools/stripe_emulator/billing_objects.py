@@ -36,7 +36,9 @@ class Price:
 
 @dataclass
 class Subscription:
-    """What a customer is billed for: every meter (or ``meters``) at one price and currency."""
+    """What a customer is billed for: its ``prices`` (``POST /v1/subscriptions``), or every
+    meter (or ``meters``) at one unit amount (the control API's shortcut); billed monthly
+    from ``billing_cycle_anchor``, the first period starting at ``first_period_start``."""
 
     id: str
     customer: str
@@ -46,6 +48,14 @@ class Subscription:
     created: int
     meters: list[str] | None = None
     automatic: bool = False
+    billing_cycle_anchor: int | None = None  # None: the first period's start
+    prices: list[str] | None = None
+
+    @property
+    def anchor(self) -> int:
+        if self.billing_cycle_anchor is None:
+            return self.first_period_start
+        return self.billing_cycle_anchor
 
 
 @dataclass
@@ -78,6 +88,7 @@ class Invoice:
     automatically_finalizes_at: int
     unit_amount_minor: int
     meters: list[str] | None = None  # None: every meter
+    prices: list[str] | None = None  # the subscription's prices, when it names them
     status: str = "draft"  # draft → open → paid
     lines: list[InvoiceLine] = field(default_factory=list)
     starting_balance: int = 0

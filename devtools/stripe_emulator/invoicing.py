@@ -23,7 +23,7 @@ from devtools.stripe_emulator.forms import Params
 from devtools.stripe_emulator.invoice_lines import usage_lines
 from devtools.stripe_emulator.lists import paginate
 from devtools.stripe_emulator.params import check_known, optional_str
-from devtools.stripe_emulator.periods import month_start, next_month
+from devtools.stripe_emulator.periods import month_start, next_billing_date
 from devtools.stripe_emulator.render_billing import render_invoice
 from devtools.stripe_emulator.state import EmulatorState, new_id
 
@@ -97,19 +97,20 @@ def _create_due_drafts(
 ) -> None:
     book = state.book
     period_start = subscription.first_period_start
-    while next_month(period_start) <= now:
+    while (period_end := next_billing_date(subscription.anchor, period_start)) <= now:
         key = (subscription.customer, period_start)
         if key not in book.invoice_by_period:
-            invoice = _draft(state, subscription, period_start)
+            invoice = _draft(state, subscription, period_start, period_end)
             book.invoices[invoice.id] = invoice
             book.invoice_by_period[key] = invoice.id
             done["created"].append(invoice.id)
             emit(state, "invoice.created", render_invoice(state, invoice), invoice.created)
-        period_start = next_month(period_start)
+        period_start = period_end
 
 
-def _draft(state: EmulatorState, subscription: Subscription, period_start: int) -> Invoice:
-    period_end = next_month(period_start)
+def _draft(
+    state: EmulatorState, subscription: Subscription, period_start: int, period_end: int
+) -> Invoice:
     invoice = Invoice(
         id=new_id("in"),
         number=f"{subscription.customer[-8:].upper()}-{len(state.book.invoices) + 1:04d}",
@@ -122,6 +123,7 @@ def _draft(state: EmulatorState, subscription: Subscription, period_start: int) 
         automatically_finalizes_at=period_end + state.settings.finalization_grace_s,
         unit_amount_minor=subscription.unit_amount_minor,
         meters=subscription.meters,
+        prices=subscription.prices,
     )
     invoice.lines = usage_lines(state, invoice, period_end)
     invoice.amount_due = invoice.amount_remaining = invoice.total

@@ -14,6 +14,7 @@ from devtools.stripe_emulator import (
     meter_events,
     meters,
     prices,
+    subscriptions,
 )
 from devtools.stripe_emulator.errors import resource_missing
 from devtools.stripe_emulator.forms import Params
@@ -121,6 +122,16 @@ ROUTES = [
     Route("GET", re.compile(r"/v1/prices"), lambda c: prices.list_prices(c.state, c.params)),
     Route(
         "GET", re.compile(rf"/v1/prices/{_ID}"), lambda c: prices.retrieve_price(c.state, c.args[0])
+    ),
+    Route(
+        "POST",
+        re.compile(r"/v1/subscriptions"),
+        lambda c: subscriptions.create_subscription(c.state, c.params),
+    ),
+    Route(
+        "GET",
+        re.compile(rf"/v1/subscriptions/{_ID}"),
+        lambda c: subscriptions.retrieve_subscription(c.state, c.args[0]),
     ),
     Route("GET", re.compile(r"/v1/invoices"), lambda c: invoicing.list_invoices(c.state, c.params)),
     Route(

@@ -30,7 +30,8 @@ class EmulatorSettings:
     # Invoicing (see README.md): Stripe's default finalization grace is one hour.
     finalization_grace_s: int = 3600
     auto_pay_after_s: int | None = None
-    auto_subscribe: bool = True
+    # A test convenience: Stripe subscribes no one by itself (POST /v1/subscriptions does).
+    auto_subscribe: bool = False
     default_currency: str = "usd"
     unit_amount_minor: int = 1
     # "async" (Stripe's v1 meter events): 200 now, an error report later; "sync": refuse a

@@ -23,6 +23,7 @@ PRE_ISSUE_29_EMULATOR: dict[str, Any] = {
     "rate_limit_per_s": None,
     "endpoint_rate_limit_per_s": None,
     "meter_event_rate_limit_per_s": None,
+    "auto_subscribe": True,
 }
 
 

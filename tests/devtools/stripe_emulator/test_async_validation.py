@@ -24,6 +24,8 @@ from tests.devtools.stripe_emulator.invoicing_harness import (
     wait_out_summary_lag,
 )
 
+pytestmark = pytest.mark.usefixtures("auto_subscribe")
+
 NOW = at(2026, 1, 20)
 
 

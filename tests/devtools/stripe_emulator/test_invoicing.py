@@ -26,6 +26,8 @@ from tests.devtools.stripe_emulator.invoicing_harness import (
     wait_out_summary_lag,
 )
 
+pytestmark = pytest.mark.usefixtures("auto_subscribe")
+
 
 @pytest.fixture
 def snapshots(control: EmulatorControl) -> Iterator[Receiver]:
