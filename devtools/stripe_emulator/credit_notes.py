@@ -57,14 +57,15 @@ def create_credit_note(state: EmulatorState, params: Params) -> dict[str, Any]:
     run_cycle(state)
     with state.lock:
         invoice = find_invoice(state, invoice_id, param="invoice")
-        if invoice.status == "draft":
+        if invoice.status not in {"open", "paid"}:
             raise invalid_request(
-                f"Invoice {invoice.id} is a draft; credit notes can only be issued for "
-                "finalized (open or paid) invoices.",
+                f"Invoice {invoice.id} is {invoice.status}; credit notes can only be issued "
+                "for finalized (open or paid) invoices.",
                 param="invoice",
             )
         amount, lines = _amount_and_lines(invoice, params)
         _check_creditable(state, invoice, amount)
+        _check_lines_creditable(state, invoice, lines)
         pre = min(amount, invoice.amount_remaining)
         _check_split(state, invoice, amount - pre, split)
         note = CreditNote(
@@ -179,6 +180,33 @@ def _check_creditable(state: EmulatorState, invoice: Invoice, amount: int) -> No
             f"credited on invoice {invoice.id} ({invoice.total - credited}).",
             param="amount",
         )
+
+
+def _check_lines_creditable(
+    state: EmulatorState, invoice: Invoice, lines: list[dict[str, Any]]
+) -> None:
+    """A credit on an invoice line may not take it below zero: its amount less what earlier
+    credit notes (and this one's other lines) credited on it."""
+    credited: dict[str, int] = {}
+    for note in _notes_of(state, invoice.id):
+        for line in note.lines:
+            if line["invoice_line_item"]:
+                credited[line["invoice_line_item"]] = (
+                    credited.get(line["invoice_line_item"], 0) + line["amount"]
+                )
+    for line in lines:
+        line_id = line["invoice_line_item"]
+        if line_id is None:
+            continue
+        billed = next(billed.amount for billed in invoice.lines if billed.id == line_id)
+        credited[line_id] = credited.get(line_id, 0) + line["amount"]
+        if credited[line_id] > billed:
+            raise invalid_request(
+                f"The amount to credit on invoice line item {line_id} ({line['amount']}) is "
+                f"greater than what can still be credited on it "
+                f"({billed - credited[line_id] + line['amount']}).",
+                param="lines",
+            )
 
 
 def _check_split(

@@ -104,6 +104,18 @@ def create_balance_transaction(
         return render_balance_transaction(txn)
 
 
+def delete_customer(state: EmulatorState, customer_id: str) -> dict[str, Any]:
+    """``DELETE /v1/customers/{id}``: "Permanently deletes a customer. It cannot be undone.
+    Also immediately cancels any active subscriptions on the customer"
+    (https://docs.stripe.com/api/customers/delete). Later meter events naming it fail
+    validation with ``meter_event_customer_not_found``."""
+    with state.lock:
+        customer = _find(state, customer_id)
+        del state.customers[customer.id]
+        state.book.subscriptions.pop(customer.id, None)
+    return {"id": customer.id, "object": "customer", "deleted": True}
+
+
 def move_balance(
     state: EmulatorState,
     customer: Customer,

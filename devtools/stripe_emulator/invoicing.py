@@ -24,10 +24,10 @@ from devtools.stripe_emulator.invoice_lines import usage_lines
 from devtools.stripe_emulator.lists import paginate
 from devtools.stripe_emulator.params import check_known, optional_str
 from devtools.stripe_emulator.periods import month_start, next_billing_date
-from devtools.stripe_emulator.render_billing import render_invoice
+from devtools.stripe_emulator.render_billing import current_lines, render_invoice, render_lines
 from devtools.stripe_emulator.state import EmulatorState, new_id
 
-STATUSES = frozenset({"draft", "open", "paid"})
+STATUSES = frozenset({"draft", "open", "paid", "void"})
 
 
 def subscribe(state: EmulatorState, spec: dict[str, Any]) -> Subscription:
@@ -134,15 +134,15 @@ def _finalize(state: EmulatorState, invoice: Invoice, done: dict[str, list[str]]
     """Freeze the lines, apply the balance in the invoice's currency, open the invoice."""
     at = invoice.automatically_finalizes_at
     invoice.lines = usage_lines(state, invoice, at)
-    customer = state.customers[invoice.customer]
-    balance = customer.balances.get(invoice.currency, 0)
+    customer = state.customers.get(invoice.customer)  # None: deleted since the period
+    balance = customer.balances.get(invoice.currency, 0) if customer else 0
     total = invoice.total
     # A credit (negative balance) covers at most the total; a debit is added in full.
     applied = -min(total, -balance) if balance < 0 else balance
     invoice.starting_balance = balance
     invoice.amount_due = total + applied
     invoice.ending_balance = balance - applied
-    if applied:
+    if applied and customer is not None:
         move_balance(
             state,
             customer,
@@ -205,7 +205,7 @@ def list_invoices(state: EmulatorState, params: Params) -> dict[str, Any]:
     )
     customer, status = optional_str(params, "customer"), optional_str(params, "status")
     subscription = optional_str(params, "subscription")
-    if status is not None and status not in STATUSES | {"uncollectible", "void"}:
+    if status is not None and status not in STATUSES | {"uncollectible"}:
         raise invalid_request(f"Invalid status: {status}", param="status")
     run_cycle(state)
     with state.lock:
@@ -232,3 +232,33 @@ def pay_invoice(state: EmulatorState, invoice_id: str, params: Params) -> dict[s
             )
         mark_paid(state, invoice, state.clock.now())
         return render_invoice(state, invoice)
+
+
+def void_invoice(state: EmulatorState, invoice_id: str, params: Params) -> dict[str, Any]:
+    """``POST /v1/invoices/{id}/void``: "Mark a finalized invoice as void. This cannot be
+    undone"; only an open (or uncollectible) invoice can be voided
+    (https://docs.stripe.com/api/invoices/void). Emits ``invoice.voided``."""
+    check_known(params, set())
+    run_cycle(state)
+    with state.lock:
+        invoice = find_invoice(state, invoice_id)
+        if invoice.status != "open":
+            raise invalid_request(
+                f"You can only void open or uncollectible invoices; {invoice.id} is "
+                f"{invoice.status}.",
+            )
+        invoice.status = "void"
+        rendered = render_invoice(state, invoice)
+        emit(state, "invoice.voided", rendered, state.clock.now())
+        return rendered
+
+
+def list_invoice_lines(state: EmulatorState, invoice_id: str, params: Params) -> dict[str, Any]:
+    """``GET /v1/invoices/{id}/lines``: every line, a page at a time (``limit``,
+    ``starting_after``, ``ending_before``); a draft shows today's usage."""
+    check_known(params, {"limit", "starting_after", "ending_before"})
+    run_cycle(state)
+    with state.lock:
+        invoice = find_invoice(state, invoice_id)
+        rows = render_lines(invoice, current_lines(state, invoice))
+    return paginate(rows, params, f"/v1/invoices/{invoice_id}/lines")

@@ -97,6 +97,11 @@ ROUTES = [
         lambda c: customers.retrieve_customer(c.state, c.args[0]),
     ),
     Route(
+        "DELETE",
+        re.compile(rf"/v1/customers/{_ID}"),
+        lambda c: customers.delete_customer(c.state, c.args[0]),
+    ),
+    Route(
         "POST",
         re.compile(rf"/v1/customers/{_ID}/balance_transactions"),
         lambda c: customers.create_balance_transaction(c.state, c.args[0], c.params),
@@ -138,6 +143,16 @@ ROUTES = [
         "GET",
         re.compile(rf"/v1/invoices/{_ID}"),
         lambda c: invoicing.retrieve_invoice(c.state, c.args[0]),
+    ),
+    Route(
+        "GET",
+        re.compile(rf"/v1/invoices/{_ID}/lines"),
+        lambda c: invoicing.list_invoice_lines(c.state, c.args[0], c.params),
+    ),
+    Route(
+        "POST",
+        re.compile(rf"/v1/invoices/{_ID}/void"),
+        lambda c: invoicing.void_invoice(c.state, c.args[0], c.params),
     ),
     Route(
         "POST",
