@@ -29,6 +29,7 @@ class Call:
     params: Params
     args: tuple[str, ...]
     idempotency_key: str | None
+    api_version: str
 
 
 Handler = Callable[[Call], dict[str, Any]]

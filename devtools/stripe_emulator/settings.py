@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 DAY_S = 24 * 3600
+API_VERSION = "2025-09-30.clover"  # the version the emulator renders in
 
 
 @dataclass
@@ -49,6 +50,8 @@ class EmulatorSettings:
     endpoint_rate_limit_per_s: int | None = 25
     meter_event_rate_limit_per_s: int | None = 1000
     auto_deliver: bool = True
+    # The account's default API version: what a request without Stripe-Version is served in.
+    api_version: str = API_VERSION
 
     def update(self, changes: dict[str, Any]) -> None:
         """Apply known keys; raise ValueError naming any unknown key or wrong type."""
@@ -91,6 +94,6 @@ def _type_fits(current: Any, value: Any, name: str) -> bool:
         return value in _CHOICES[name]
     if name in {"timeout_s", "slow_s"}:
         return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
-    if name in {"webhook_url", "webhook_secret"}:
+    if name in {"webhook_url", "webhook_secret", "api_version"}:
         return isinstance(value, str)
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
