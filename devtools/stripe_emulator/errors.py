@@ -47,11 +47,12 @@ class StripeError(Exception):
 
     ``stored`` says whether an idempotency key keeps this response. Stripe saves "the status
     code and body of the first request made with a given idempotency key after endpoint
-    execution begins" and "if incoming parameters fail validation, or the request conflicts
-    with another that's executing concurrently, no idempotent result is saved"
-    (https://docs.stripe.com/api/idempotent_requests). Every 4xx here is such a check, made
-    before the request changes anything, so none is stored: a retry with the same key runs
-    again (after the caller fixed what was wrong, it succeeds). Only the 500s of execution are.
+    execution begins" (https://docs.stripe.com/api/idempotent_requests), and "if incoming
+    parameters fail validation, or the request conflicts with another that's executing
+    concurrently, no idempotent result is saved" (https://docs.stripe.com/idempotency).
+    Every 4xx here is such a check, made before the request changes anything, so none is
+    stored: a retry with the same key runs again (after the caller fixed what was wrong, it
+    succeeds). Only the 500s of execution are.
     """
 
     status: int

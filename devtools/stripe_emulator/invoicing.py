@@ -236,8 +236,8 @@ def pay_invoice(state: EmulatorState, invoice_id: str, params: Params) -> dict[s
 
 def void_invoice(state: EmulatorState, invoice_id: str, params: Params) -> dict[str, Any]:
     """``POST /v1/invoices/{id}/void``: "Mark a finalized invoice as void. This cannot be
-    undone"; only an open (or uncollectible) invoice can be voided
-    (https://docs.stripe.com/api/invoices/void). Emits ``invoice.voided``."""
+    undone" (https://docs.stripe.com/api/invoices/void). The emulator voids only an open
+    invoice (it has no uncollectible ones; a paid one is refused). Emits ``invoice.voided``."""
     check_known(params, set())
     run_cycle(state)
     with state.lock:
