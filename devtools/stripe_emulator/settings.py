@@ -72,6 +72,13 @@ class EmulatorSettings:
         return data
 
 
+# For measuring the emulator's own capacity, not Stripe's: every rate limit off.
+NO_RATE_LIMITS: dict[str, Any] = {
+    "rate_limit_per_s": None,
+    "endpoint_rate_limit_per_s": None,
+    "meter_event_rate_limit_per_s": None,
+}
+
 _OPTIONAL = {
     "identifier_window_s",
     "webhook_url",

@@ -10,6 +10,7 @@ import stripe
 
 from devtools.stripe_emulator import EmulatorServer
 from devtools.stripe_emulator.control_client import EmulatorControl
+from devtools.stripe_emulator.settings import NO_RATE_LIMITS
 from metering.billing.service import link_customer
 from metering.config import Settings
 from tests.billing.harness import SNAPSHOT_SECRET, THIN_SECRET
@@ -20,9 +21,7 @@ from tests.billing.harness import SNAPSHOT_SECRET, THIN_SECRET
 PRE_ISSUE_29_EMULATOR: dict[str, Any] = {
     "summary_lag_s": 0,
     "validation_mode": "sync",
-    "rate_limit_per_s": None,
-    "endpoint_rate_limit_per_s": None,
-    "meter_event_rate_limit_per_s": None,
+    **NO_RATE_LIMITS,
     "auto_subscribe": True,
 }
 
