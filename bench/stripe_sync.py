@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 from bench.databases import fresh_database  # noqa: E402
 from bench.docs_block import write_block  # noqa: E402
 from bench.procs import free_port  # noqa: E402
+from devtools.stripe_emulator.settings import NO_RATE_LIMITS  # noqa: E402
 from metering.config import Settings  # noqa: E402
 from metering.db import create_db_engine  # noqa: E402
 
@@ -204,6 +205,8 @@ def main() -> None:
                 break
             except httpx.HTTPError:
                 time.sleep(0.1)
+        # The emulator's own ceiling is measured, not Stripe's: its rate limits stay out of it.
+        httpx.post(f"{url}/_emulator/settings", json=NO_RATE_LIMITS, timeout=5).raise_for_status()
         client = stripe.StripeClient("sk_test_bench", base_addresses={"api": url})
         client.v1.billing.meters.create(
             params={

@@ -7,7 +7,16 @@ Plain dataclasses guarded by ``EmulatorState.lock``; ``invoicing``, ``credit_not
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
+
+
+def minor_units(quantity: int, unit_amount_decimal: str) -> int:
+    """``quantity`` × a price's ``unit_amount_decimal`` (minor units, up to 12 decimals) as a
+    whole number of minor units. Stripe documents no rounding mode for this product; half-up
+    is the emulator's choice (and the one Fairmeter's gateway uses)."""
+    exact = Decimal(quantity) * Decimal(unit_amount_decimal)
+    return int(exact.to_integral_value(rounding=ROUND_HALF_UP))
 
 
 @dataclass
@@ -27,7 +36,9 @@ class Price:
 
 @dataclass
 class Subscription:
-    """What a customer is billed for: every meter (or ``meters``) at one price and currency."""
+    """What a customer is billed for: its ``prices`` (``POST /v1/subscriptions``), or every
+    meter (or ``meters``) at one unit amount (the control API's shortcut); billed monthly
+    from ``billing_cycle_anchor``, the first period starting at ``first_period_start``."""
 
     id: str
     customer: str
@@ -37,6 +48,14 @@ class Subscription:
     created: int
     meters: list[str] | None = None
     automatic: bool = False
+    billing_cycle_anchor: int | None = None  # None: the first period's start
+    prices: list[str] | None = None
+
+    @property
+    def anchor(self) -> int:
+        if self.billing_cycle_anchor is None:
+            return self.first_period_start
+        return self.billing_cycle_anchor
 
 
 @dataclass
@@ -46,14 +65,14 @@ class InvoiceLine:
     price: str  # how Stripe ties the line to its meter: the price's recurring[meter]
     product: str
     quantity: int
-    unit_amount_minor: int
+    unit_amount_decimal: str  # the price's, fractions of a minor unit allowed
     period_start: int
     period_end: int
     description: str
 
     @property
     def amount(self) -> int:
-        return self.quantity * self.unit_amount_minor
+        return minor_units(self.quantity, self.unit_amount_decimal)
 
 
 @dataclass
@@ -69,6 +88,7 @@ class Invoice:
     automatically_finalizes_at: int
     unit_amount_minor: int
     meters: list[str] | None = None  # None: every meter
+    prices: list[str] | None = None  # the subscription's prices, when it names them
     status: str = "draft"  # draft → open → paid
     lines: list[InvoiceLine] = field(default_factory=list)
     starting_balance: int = 0

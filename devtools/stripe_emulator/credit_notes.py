@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from devtools.stripe_emulator.billing_objects import CreditNote, Invoice
+from devtools.stripe_emulator.billing_objects import CreditNote, Invoice, minor_units
 from devtools.stripe_emulator.customers import move_balance
 from devtools.stripe_emulator.errors import invalid_request, missing_param, resource_missing
 from devtools.stripe_emulator.forms import Params
@@ -57,15 +57,15 @@ def create_credit_note(state: EmulatorState, params: Params) -> dict[str, Any]:
     run_cycle(state)
     with state.lock:
         invoice = find_invoice(state, invoice_id, param="invoice")
-        if invoice.status == "draft":
+        if invoice.status not in {"open", "paid"}:
             raise invalid_request(
-                f"Invoice {invoice.id} is a draft; credit notes can only be issued for "
-                "finalized (open or paid) invoices.",
+                f"Invoice {invoice.id} is {invoice.status}; credit notes can only be issued "
+                "for finalized (open or paid) invoices.",
                 param="invoice",
-                stored=True,
             )
         amount, lines = _amount_and_lines(invoice, params)
         _check_creditable(state, invoice, amount)
+        _check_lines_creditable(state, invoice, lines)
         pre = min(amount, invoice.amount_remaining)
         _check_split(state, invoice, amount - pre, split)
         note = CreditNote(
@@ -135,7 +135,7 @@ def _parse_line(invoice: Invoice, index: int, raw: Any) -> dict[str, Any]:
         if "amount" in raw:
             amount = parse_int(raw["amount"], f"{label}[amount]")
         else:
-            amount = quantity * billed.unit_amount_minor
+            amount = minor_units(quantity, billed.unit_amount_decimal)
         return _line(invoice, kind, amount, quantity, None, line_id, billed.description)
     if kind == "custom_line_item":
         unit = parse_int(raw.get("unit_amount"), f"{label}[unit_amount]")
@@ -179,8 +179,34 @@ def _check_creditable(state: EmulatorState, invoice: Invoice, amount: int) -> No
             f"The credit note amount ({amount}) is greater than the amount that can still be "
             f"credited on invoice {invoice.id} ({invoice.total - credited}).",
             param="amount",
-            stored=True,
         )
+
+
+def _check_lines_creditable(
+    state: EmulatorState, invoice: Invoice, lines: list[dict[str, Any]]
+) -> None:
+    """A credit on an invoice line may not take it below zero: its amount less what earlier
+    credit notes (and this one's other lines) credited on it."""
+    credited: dict[str, int] = {}
+    for note in _notes_of(state, invoice.id):
+        for line in note.lines:
+            if line["invoice_line_item"]:
+                credited[line["invoice_line_item"]] = (
+                    credited.get(line["invoice_line_item"], 0) + line["amount"]
+                )
+    for line in lines:
+        line_id = line["invoice_line_item"]
+        if line_id is None:
+            continue
+        billed = next(billed.amount for billed in invoice.lines if billed.id == line_id)
+        credited[line_id] = credited.get(line_id, 0) + line["amount"]
+        if credited[line_id] > billed:
+            raise invalid_request(
+                f"The amount to credit on invoice line item {line_id} ({line['amount']}) is "
+                f"greater than what can still be credited on it "
+                f"({billed - credited[line_id] + line['amount']}).",
+                param="lines",
+            )
 
 
 def _check_split(
@@ -194,7 +220,6 @@ def _check_split(
             f"({sum(split.values())}) must equal the credit note's post_payment_amount "
             f"({post_payment}): the part of the credit note above the invoice's "
             "amount_remaining.",
-            stored=True,
         )
     refunded = sum(note.refund_amount for note in _notes_of(state, invoice.id))
     if split["refund_amount"] > invoice.amount_paid - refunded:
@@ -202,7 +227,6 @@ def _check_split(
             f"refund_amount ({split['refund_amount']}) is greater than the amount paid and not "
             f"yet refunded on invoice {invoice.id} ({invoice.amount_paid - refunded}).",
             param="refund_amount",
-            stored=True,
         )
 
 

@@ -38,7 +38,6 @@ def create_customer(state: EmulatorState, params: Params) -> dict[str, Any]:
                 f"Customer already exists: '{customer.id}'",
                 param="id",
                 code="resource_already_exists",
-                stored=True,
             )
         state.customers[customer.id] = customer
         state.balance_transactions[customer.id] = []
@@ -103,6 +102,18 @@ def create_balance_transaction(
             metadata=string_map(params, "metadata"),
         )
         return render_balance_transaction(txn)
+
+
+def delete_customer(state: EmulatorState, customer_id: str) -> dict[str, Any]:
+    """``DELETE /v1/customers/{id}``: "Permanently deletes a customer. It cannot be undone.
+    Also immediately cancels any active subscriptions on the customer"
+    (https://docs.stripe.com/api/customers/delete). Later meter events naming it fail
+    validation with ``meter_event_customer_not_found``."""
+    with state.lock:
+        customer = _find(state, customer_id)
+        del state.customers[customer.id]
+        state.book.subscriptions.pop(customer.id, None)
+    return {"id": customer.id, "object": "customer", "deleted": True}
 
 
 def move_balance(

@@ -45,9 +45,14 @@ IDEMPOTENCY_IN_USE_MESSAGE = (
 class StripeError(Exception):
     """An API error rendered in Stripe's shape.
 
-    ``stored`` says whether an idempotency key keeps this response: Stripe saves results only
-    once an endpoint began executing, so parameter-validation and concurrency errors are not
-    saved (a retry with the same key runs again), while errors from execution are.
+    ``stored`` says whether an idempotency key keeps this response. Stripe saves "the status
+    code and body of the first request made with a given idempotency key after endpoint
+    execution begins" (https://docs.stripe.com/api/idempotent_requests), and "if incoming
+    parameters fail validation, or the request conflicts with another that's executing
+    concurrently, no idempotent result is saved" (https://docs.stripe.com/idempotency).
+    Every 4xx here is such a check, made before the request changes anything, so none is
+    stored: a retry with the same key runs again (after the caller fixed what was wrong, it
+    succeeds). Only the 500s of execution are.
     """
 
     status: int
@@ -72,9 +77,9 @@ class StripeError(Exception):
 
 
 def invalid_request(
-    message: str, *, param: str | None = None, code: str | None = None, stored: bool = False
+    message: str, *, param: str | None = None, code: str | None = None
 ) -> StripeError:
-    return StripeError(400, "invalid_request_error", message, code, param, stored)
+    return StripeError(400, "invalid_request_error", message, code, param)
 
 
 def missing_param(param: str) -> StripeError:
@@ -104,7 +109,6 @@ def resource_missing(
         f"No such {kind}: '{object_id}'",
         "resource_missing",
         param,
-        stored=True,
     )
 
 

@@ -23,11 +23,11 @@ from devtools.stripe_emulator.forms import Params
 from devtools.stripe_emulator.invoice_lines import usage_lines
 from devtools.stripe_emulator.lists import paginate
 from devtools.stripe_emulator.params import check_known, optional_str
-from devtools.stripe_emulator.periods import month_start, next_month
-from devtools.stripe_emulator.render_billing import render_invoice
+from devtools.stripe_emulator.periods import month_start, next_billing_date
+from devtools.stripe_emulator.render_billing import current_lines, render_invoice, render_lines
 from devtools.stripe_emulator.state import EmulatorState, new_id
 
-STATUSES = frozenset({"draft", "open", "paid"})
+STATUSES = frozenset({"draft", "open", "paid", "void"})
 
 
 def subscribe(state: EmulatorState, spec: dict[str, Any]) -> Subscription:
@@ -97,19 +97,20 @@ def _create_due_drafts(
 ) -> None:
     book = state.book
     period_start = subscription.first_period_start
-    while next_month(period_start) <= now:
+    while (period_end := next_billing_date(subscription.anchor, period_start)) <= now:
         key = (subscription.customer, period_start)
         if key not in book.invoice_by_period:
-            invoice = _draft(state, subscription, period_start)
+            invoice = _draft(state, subscription, period_start, period_end)
             book.invoices[invoice.id] = invoice
             book.invoice_by_period[key] = invoice.id
             done["created"].append(invoice.id)
             emit(state, "invoice.created", render_invoice(state, invoice), invoice.created)
-        period_start = next_month(period_start)
+        period_start = period_end
 
 
-def _draft(state: EmulatorState, subscription: Subscription, period_start: int) -> Invoice:
-    period_end = next_month(period_start)
+def _draft(
+    state: EmulatorState, subscription: Subscription, period_start: int, period_end: int
+) -> Invoice:
     invoice = Invoice(
         id=new_id("in"),
         number=f"{subscription.customer[-8:].upper()}-{len(state.book.invoices) + 1:04d}",
@@ -122,6 +123,7 @@ def _draft(state: EmulatorState, subscription: Subscription, period_start: int) 
         automatically_finalizes_at=period_end + state.settings.finalization_grace_s,
         unit_amount_minor=subscription.unit_amount_minor,
         meters=subscription.meters,
+        prices=subscription.prices,
     )
     invoice.lines = usage_lines(state, invoice, period_end)
     invoice.amount_due = invoice.amount_remaining = invoice.total
@@ -132,15 +134,15 @@ def _finalize(state: EmulatorState, invoice: Invoice, done: dict[str, list[str]]
     """Freeze the lines, apply the balance in the invoice's currency, open the invoice."""
     at = invoice.automatically_finalizes_at
     invoice.lines = usage_lines(state, invoice, at)
-    customer = state.customers[invoice.customer]
-    balance = customer.balances.get(invoice.currency, 0)
+    customer = state.customers.get(invoice.customer)  # None: deleted since the period
+    balance = customer.balances.get(invoice.currency, 0) if customer else 0
     total = invoice.total
     # A credit (negative balance) covers at most the total; a debit is added in full.
     applied = -min(total, -balance) if balance < 0 else balance
     invoice.starting_balance = balance
     invoice.amount_due = total + applied
     invoice.ending_balance = balance - applied
-    if applied:
+    if applied and customer is not None:
         move_balance(
             state,
             customer,
@@ -203,7 +205,7 @@ def list_invoices(state: EmulatorState, params: Params) -> dict[str, Any]:
     )
     customer, status = optional_str(params, "customer"), optional_str(params, "status")
     subscription = optional_str(params, "subscription")
-    if status is not None and status not in STATUSES | {"uncollectible", "void"}:
+    if status is not None and status not in STATUSES | {"uncollectible"}:
         raise invalid_request(f"Invalid status: {status}", param="status")
     run_cycle(state)
     with state.lock:
@@ -227,7 +229,36 @@ def pay_invoice(state: EmulatorState, invoice_id: str, params: Params) -> dict[s
         if invoice.status != "open":
             raise invalid_request(
                 f"Invoice {invoice.id} is {invoice.status}; only an open invoice can be paid.",
-                stored=True,
             )
         mark_paid(state, invoice, state.clock.now())
         return render_invoice(state, invoice)
+
+
+def void_invoice(state: EmulatorState, invoice_id: str, params: Params) -> dict[str, Any]:
+    """``POST /v1/invoices/{id}/void``: "Mark a finalized invoice as void. This cannot be
+    undone" (https://docs.stripe.com/api/invoices/void). The emulator voids only an open
+    invoice (it has no uncollectible ones; a paid one is refused). Emits ``invoice.voided``."""
+    check_known(params, set())
+    run_cycle(state)
+    with state.lock:
+        invoice = find_invoice(state, invoice_id)
+        if invoice.status != "open":
+            raise invalid_request(
+                f"You can only void open or uncollectible invoices; {invoice.id} is "
+                f"{invoice.status}.",
+            )
+        invoice.status = "void"
+        rendered = render_invoice(state, invoice)
+        emit(state, "invoice.voided", rendered, state.clock.now())
+        return rendered
+
+
+def list_invoice_lines(state: EmulatorState, invoice_id: str, params: Params) -> dict[str, Any]:
+    """``GET /v1/invoices/{id}/lines``: every line, a page at a time (``limit``,
+    ``starting_after``, ``ending_before``); a draft shows today's usage."""
+    check_known(params, {"limit", "starting_after", "ending_before"})
+    run_cycle(state)
+    with state.lock:
+        invoice = find_invoice(state, invoice_id)
+        rows = render_lines(invoice, current_lines(state, invoice))
+    return paginate(rows, params, f"/v1/invoices/{invoice_id}/lines")

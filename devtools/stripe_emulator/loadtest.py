@@ -21,6 +21,8 @@ import click
 import requests
 import stripe
 
+from devtools.stripe_emulator.settings import NO_RATE_LIMITS
+
 EVENT_NAME = "load_test"
 
 
@@ -36,6 +38,14 @@ def _client(url: str, trust_env: bool) -> stripe.StripeClient:
 
 
 def _setup(url: str, customers: int) -> list[str]:
+    # The emulator's capacity is measured, not Stripe's rate limits.
+    settings = urllib.request.Request(  # noqa: S310 - the emulator on loopback
+        f"{url}/_emulator/settings",
+        data=json.dumps(NO_RATE_LIMITS).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    urllib.request.urlopen(settings, timeout=10).close()  # noqa: S310
     client = _client(url, trust_env=False)
     client.v1.billing.meters.create(
         params={

@@ -110,7 +110,6 @@ def cancel_meter_event(state: EmulatorState, params: Params) -> dict[str, Any]:
                 f"'{event_name}'.",
                 param="cancel[identifier]",
                 code="resource_missing",
-                stored=True,
             )
         now = state.clock.now()
         _check_cancellable(state, event, now)
@@ -186,7 +185,7 @@ def _check_identifier(state: EmulatorState, identifier: str, now: int) -> None:
     window = state.settings.identifier_window_s
     if window is None or now - previous.received_at < window:
         # Stripe's words; it sets no error code on this one.
-        raise invalid_request(f"An event already exists with identifier {identifier}.", stored=True)
+        raise invalid_request(f"An event already exists with identifier {identifier}.")
 
 
 def _check_cancellable(state: EmulatorState, event: MeterEvent, now: int) -> None:
@@ -194,7 +193,6 @@ def _check_cancellable(state: EmulatorState, event: MeterEvent, now: int) -> Non
         raise invalid_request(
             f"The meter event with identifier '{event.identifier}' has already been canceled.",
             param="cancel[identifier]",
-            stored=True,
         )
     if now - event.received_at >= state.settings.cancel_window_s:
         hours = state.settings.cancel_window_s // 3600
@@ -202,5 +200,4 @@ def _check_cancellable(state: EmulatorState, event: MeterEvent, now: int) -> Non
             f"Meter event with identifier '{event.identifier}' can no longer be canceled: "
             f"cancellations are accepted within {hours} hours of Stripe receiving the event.",
             param="cancel[identifier]",
-            stored=True,
         )

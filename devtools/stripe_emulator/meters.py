@@ -54,7 +54,6 @@ def create_meter(state: EmulatorState, params: Params) -> dict[str, Any]:
             raise invalid_request(
                 f"An active meter with event_name '{event_name}' already exists.",
                 param="event_name",
-                stored=True,
             )
         meter = Meter(
             id=new_id("mtr"),

@@ -14,12 +14,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from devtools.stripe_emulator import errors, faults, routes
+from devtools.stripe_emulator import errors, faults, routes, versions
 from devtools.stripe_emulator.forms import parse_form
 from devtools.stripe_emulator.idempotency import IdempotencyStore, StoredResponse
 from devtools.stripe_emulator.rate_limit import RateLimiter
 from devtools.stripe_emulator.state import EmulatorState
-from devtools.stripe_emulator.webhooks import API_VERSION
 
 log = logging.getLogger(__name__)
 KEY_PREFIXES = ("sk_test_", "rk_test_")
@@ -63,13 +62,15 @@ class Emulator:
     ) -> Reply:
         state = self.state
         state.count("requests")
-        base = {"Request-Id": state.next_request_id(), "Stripe-Version": API_VERSION}
+        base = {"Request-Id": state.next_request_id()}
         try:
             _authenticate(headers.get("authorization"))
-            self.limiter.admit(method, path, state.settings)
+            version = versions.requested(headers.get("stripe-version"), state.settings.api_version)
+            base["Stripe-Version"] = version
             found = routes.match(method, path)
             if found is None:
                 raise errors.unrecognized_url(method, path)
+            self.limiter.admit(found[0].endpoint, state.settings)
             fault = self.faults.draw(method, path)
             if fault is not None:
                 state.count(f"fault:{fault}")
@@ -81,7 +82,7 @@ class Emulator:
             if key:
                 base["Idempotency-Key"] = key
             route, args = found
-            call = routes.Call(state, params, args, key)
+            call = routes.Call(state, params, args, key, version)
             reply = self._execute(route, call, f"{method} {path}", fault, base)
         except errors.StripeError as exc:
             reply = _error_reply(exc, base)
@@ -160,7 +161,8 @@ class Emulator:
 
     def _call_handler(self, route: routes.Route, call: routes.Call, base: dict[str, str]) -> Reply:
         try:
-            return json_reply(200, route.handler(call), base)
+            body = versions.reshape(route.handler(call), call.api_version, call.state)
+            return json_reply(200, body, base)
         except errors.StripeError as exc:
             if not exc.stored:
                 raise

@@ -119,8 +119,10 @@ def render_price(price: Price) -> dict[str, Any]:
 
 
 def _decimal(text: str) -> bool:
+    """A non-negative decimal "with at most 12 decimal places" ("Create a price",
+    https://docs.stripe.com/api/prices/create)."""
     head, _, tail = text.partition(".")
-    return head.isdigit() and (tail == "" or tail.isdigit())
+    return head.isdigit() and (tail == "" or (tail.isdigit() and len(tail) <= 12))
 
 
 def _whole(text: str) -> int | None:

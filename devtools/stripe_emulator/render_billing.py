@@ -6,14 +6,13 @@ from typing import Any
 
 from devtools.stripe_emulator.billing_objects import CreditNote, Invoice, InvoiceLine
 from devtools.stripe_emulator.invoice_lines import usage_lines
+from devtools.stripe_emulator.lists import paginate
 from devtools.stripe_emulator.state import EmulatorState
 
 
 def render_invoice(state: EmulatorState, invoice: Invoice) -> dict[str, Any]:
     """The invoice as ``GET /v1/invoices/{id}`` returns it; a draft shows today's usage."""
-    lines = invoice.lines
-    if invoice.status == "draft":
-        lines = usage_lines(state, invoice, state.clock.now())
+    lines = current_lines(state, invoice)
     total = sum(line.amount for line in lines)
     amount_due = total if invoice.status == "draft" else invoice.amount_due
     remaining = total if invoice.status == "draft" else invoice.amount_remaining
@@ -36,12 +35,11 @@ def render_invoice(state: EmulatorState, invoice: Invoice) -> dict[str, Any]:
         "customer": invoice.customer,
         "description": None,
         "ending_balance": invoice.ending_balance,
+        # Embedded lists hold the first page only (Stripe's default page size);
+        # GET /v1/invoices/{id}/lines pages through the rest.
         "lines": {
-            "object": "list",
-            "data": [_render_line(invoice, line) for line in lines],
-            "has_more": False,
+            **paginate(render_lines(invoice, lines), {}, f"/v1/invoices/{invoice.id}/lines"),
             "total_count": len(lines),
-            "url": f"/v1/invoices/{invoice.id}/lines",
         },
         "livemode": False,
         "metadata": {},
@@ -102,12 +100,23 @@ def _render_line(invoice: Invoice, line: InvoiceLine) -> dict[str, Any]:
         "pricing": {
             "type": "price_details",
             "price_details": {"price": line.price, "product": line.product},
-            "unit_amount_decimal": str(line.unit_amount_minor),
+            "unit_amount_decimal": line.unit_amount_decimal,
         },
         "quantity": line.quantity,
         "subtotal": line.amount,
         "taxes": [],
     }
+
+
+def current_lines(state: EmulatorState, invoice: Invoice) -> list[InvoiceLine]:
+    """The final lines, or for a draft today's usage."""
+    if invoice.status == "draft":
+        return usage_lines(state, invoice, state.clock.now())
+    return invoice.lines
+
+
+def render_lines(invoice: Invoice, lines: list[InvoiceLine]) -> list[dict[str, Any]]:
+    return [_render_line(invoice, line) for line in lines]
 
 
 def render_credit_note(note: CreditNote) -> dict[str, Any]:

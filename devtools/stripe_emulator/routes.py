@@ -14,6 +14,7 @@ from devtools.stripe_emulator import (
     meter_events,
     meters,
     prices,
+    subscriptions,
 )
 from devtools.stripe_emulator.errors import resource_missing
 from devtools.stripe_emulator.forms import Params
@@ -28,6 +29,7 @@ class Call:
     params: Params
     args: tuple[str, ...]
     idempotency_key: str | None
+    api_version: str
 
 
 Handler = Callable[[Call], dict[str, Any]]
@@ -40,6 +42,11 @@ class Route:
     pattern: re.Pattern[str]
     handler: Handler
     lock_key: LockKeyFor | None = None
+
+    @property
+    def endpoint(self) -> str:
+        """The named operation ("GET /v1/customers/{id}") Stripe's per-endpoint limit counts."""
+        return f"{self.method} {self.pattern.pattern.replace(_ID, '{id}')}"
 
 
 def _stored_event(call: Call) -> dict[str, Any]:
@@ -91,6 +98,11 @@ ROUTES = [
         lambda c: customers.retrieve_customer(c.state, c.args[0]),
     ),
     Route(
+        "DELETE",
+        re.compile(rf"/v1/customers/{_ID}"),
+        lambda c: customers.delete_customer(c.state, c.args[0]),
+    ),
+    Route(
         "POST",
         re.compile(rf"/v1/customers/{_ID}/balance_transactions"),
         lambda c: customers.create_balance_transaction(c.state, c.args[0], c.params),
@@ -117,11 +129,31 @@ ROUTES = [
     Route(
         "GET", re.compile(rf"/v1/prices/{_ID}"), lambda c: prices.retrieve_price(c.state, c.args[0])
     ),
+    Route(
+        "POST",
+        re.compile(r"/v1/subscriptions"),
+        lambda c: subscriptions.create_subscription(c.state, c.params),
+    ),
+    Route(
+        "GET",
+        re.compile(rf"/v1/subscriptions/{_ID}"),
+        lambda c: subscriptions.retrieve_subscription(c.state, c.args[0]),
+    ),
     Route("GET", re.compile(r"/v1/invoices"), lambda c: invoicing.list_invoices(c.state, c.params)),
     Route(
         "GET",
         re.compile(rf"/v1/invoices/{_ID}"),
         lambda c: invoicing.retrieve_invoice(c.state, c.args[0]),
+    ),
+    Route(
+        "GET",
+        re.compile(rf"/v1/invoices/{_ID}/lines"),
+        lambda c: invoicing.list_invoice_lines(c.state, c.args[0], c.params),
+    ),
+    Route(
+        "POST",
+        re.compile(rf"/v1/invoices/{_ID}/void"),
+        lambda c: invoicing.void_invoice(c.state, c.args[0], c.params),
     ),
     Route(
         "POST",

@@ -18,6 +18,7 @@ import socketserver
 import threading
 from http import HTTPStatus
 from types import TracebackType
+from typing import Any
 from urllib.parse import unquote
 
 from devtools.stripe_emulator import destinations
@@ -144,9 +145,15 @@ class EmulatorServer:
     """An emulator on ``host:port`` (port 0: any free port), run in background threads."""
 
     def __init__(
-        self, host: str = "127.0.0.1", port: int = 0, *, state: EmulatorState | None = None
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        state: EmulatorState | None = None,
+        settings: dict[str, Any] | None = None,
     ) -> None:
-        self.emulator = Emulator(state)
+        """``settings`` change the defaults for this server's life, resets included."""
+        self.emulator = Emulator(state or EmulatorState(settings=settings))
         self._server = _Server((host, port), self.emulator)
         self._thread: threading.Thread | None = None
         self._deliverer: threading.Thread | None = None

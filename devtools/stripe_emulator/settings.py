@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 DAY_S = 24 * 3600
+API_VERSION = "2025-09-30.clover"  # the version the emulator renders in
 
 
 @dataclass
@@ -30,18 +31,27 @@ class EmulatorSettings:
     # Invoicing (see README.md): Stripe's default finalization grace is one hour.
     finalization_grace_s: int = 3600
     auto_pay_after_s: int | None = None
-    auto_subscribe: bool = True
+    # A test convenience: Stripe subscribes no one by itself (POST /v1/subscriptions does).
+    auto_subscribe: bool = False
     default_currency: str = "usd"
     unit_amount_minor: int = 1
-    # "sync": refuse bad meter events with 400; "async": 200 now, an error report later.
-    validation_mode: str = "sync"
+    # "async" (Stripe's v1 meter events): 200 now, an error report later; "sync": refuse a
+    # bad meter event with 400 (the v2 endpoint's behaviour, kept for tests that want it).
+    validation_mode: str = "async"
     error_report_delay_s: int = 60
     error_report_sample_cap: int = 5
-    summary_lag_s: int = 0
-    # Requests per wall-clock second; None: unlimited (Stripe live mode: 100, sandbox: 25).
-    rate_limit_per_s: int | None = None
-    meter_event_rate_limit_per_s: int | None = None
+    # Summaries are "eventually consistent" and Stripe documents no bound on the delay: 600 s
+    # is the emulator's choice, long enough that a caller reading its own writes notices.
+    summary_lag_s: int = 600
+    # Requests per wall-clock second, at Stripe's sandbox figures; None: unlimited. Global: 25
+    # (live 100); each endpoint (method + path pattern): 25; meter events: their own bucket,
+    # not counted against the others, at the 1,000/s Stripe documents for live mode.
+    rate_limit_per_s: int | None = 25
+    endpoint_rate_limit_per_s: int | None = 25
+    meter_event_rate_limit_per_s: int | None = 1000
     auto_deliver: bool = True
+    # The account's default API version: what a request without Stripe-Version is served in.
+    api_version: str = API_VERSION
 
     def update(self, changes: dict[str, Any]) -> None:
         """Apply known keys; raise ValueError naming any unknown key or wrong type."""
@@ -62,12 +72,20 @@ class EmulatorSettings:
         return data
 
 
+# For measuring the emulator's own capacity, not Stripe's: every rate limit off.
+NO_RATE_LIMITS: dict[str, Any] = {
+    "rate_limit_per_s": None,
+    "endpoint_rate_limit_per_s": None,
+    "meter_event_rate_limit_per_s": None,
+}
+
 _OPTIONAL = {
     "identifier_window_s",
     "webhook_url",
     "webhook_secret",
     "auto_pay_after_s",
     "rate_limit_per_s",
+    "endpoint_rate_limit_per_s",
     "meter_event_rate_limit_per_s",
 }
 _BOOLS = {"lock_rule", "allow_negative_values", "auto_subscribe", "auto_deliver"}
@@ -83,6 +101,6 @@ def _type_fits(current: Any, value: Any, name: str) -> bool:
         return value in _CHOICES[name]
     if name in {"timeout_s", "slow_s"}:
         return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
-    if name in {"webhook_url", "webhook_secret"}:
+    if name in {"webhook_url", "webhook_secret", "api_version"}:
         return isinstance(value, str)
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0

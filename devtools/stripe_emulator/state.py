@@ -103,10 +103,12 @@ class BalanceTransaction:
 class EmulatorState:
     """Everything the emulator remembers. Safe to share between request threads."""
 
-    def __init__(self, clock: Clock | None = None) -> None:
+    def __init__(self, clock: Clock | None = None, settings: dict[str, Any] | None = None) -> None:
         self.lock = threading.RLock()
         self.clock = clock or Clock()
-        self.settings = EmulatorSettings()
+        # The start-up settings: what a reset returns to (the defaults, changed by these).
+        self._initial_settings = dict(settings or {})
+        self.settings = self._fresh_settings()
         self.counters: Counter[str] = Counter()
         self._request_ids = itertools.count(1)
         self._clear()
@@ -127,12 +129,18 @@ class EmulatorState:
         # Subscriptions, invoices, credit notes, destinations and the event outbox.
         self.book = Book()
 
+    def _fresh_settings(self) -> EmulatorSettings:
+        settings = EmulatorSettings()
+        settings.update(self._initial_settings)
+        return settings
+
     def reset(self) -> None:
-        """Forget all objects, counters and settings; the clock returns to wall time."""
+        """Forget all objects and counters; settings return to those given at start-up and
+        the clock to wall time."""
         with self.lock:
             self._clear()
             self.counters.clear()
-            self.settings = EmulatorSettings()
+            self.settings = self._fresh_settings()
             self.clock.reset()
 
     def next_request_id(self) -> str:

@@ -16,9 +16,9 @@ import urllib.request
 from datetime import UTC, datetime
 from typing import Any
 
+from devtools.stripe_emulator.settings import API_VERSION
 from devtools.stripe_emulator.state import EmulatorState, MeterEvent, new_id
 
-API_VERSION = "2025-09-30.clover"
 DELIVERY_TIMEOUT_S = 10.0
 ERROR_REPORT = "v1.billing.meter.error_report_triggered"
 

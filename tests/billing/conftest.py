@@ -10,14 +10,25 @@ import stripe
 
 from devtools.stripe_emulator import EmulatorServer
 from devtools.stripe_emulator.control_client import EmulatorControl
+from devtools.stripe_emulator.settings import NO_RATE_LIMITS
 from metering.billing.service import link_customer
 from metering.config import Settings
 from tests.billing.harness import SNAPSHOT_SECRET, THIN_SECRET
 
+# The emulator's defaults before issue #29 (summaries at once, synchronous validation, no rate
+# limits, a subscription on first usage); removed once the billing code handles lag, async
+# validation and rate limits.
+PRE_ISSUE_29_EMULATOR: dict[str, Any] = {
+    "summary_lag_s": 0,
+    "validation_mode": "sync",
+    **NO_RATE_LIMITS,
+    "auto_subscribe": True,
+}
+
 
 @pytest.fixture
 def emulator() -> Iterator[EmulatorServer]:
-    server = EmulatorServer()
+    server = EmulatorServer(settings=PRE_ISSUE_29_EMULATOR)
     server.start()
     yield server
     server.stop()

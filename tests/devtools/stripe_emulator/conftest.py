@@ -85,3 +85,12 @@ def send_event(client: stripe.StripeClient, customer: stripe.Customer, hour: int
 def inbox() -> Iterator[Inbox]:
     with Inbox() as endpoint:
         yield endpoint
+
+
+@pytest.fixture
+def auto_subscribe(control: EmulatorControl) -> None:
+    """A test convenience for modules about invoices and credit notes, not about how one
+    subscribes: a customer's first accepted meter event subscribes it (UTC months, 1 minor
+    unit per meter unit). Stripe subscribes no one by itself; test_subscriptions.py covers
+    ``POST /v1/subscriptions``."""
+    control.settings(auto_subscribe=True)

@@ -16,6 +16,8 @@ from typing import Any
 
 import stripe
 
+from devtools.stripe_emulator.control_client import EmulatorControl
+
 EVENT_NAME = "fairmeter_usage"
 SNAPSHOT_SECRET = "whsec_snapshot_destination"
 THIN_SECRET = "whsec_thin_destination"
@@ -77,6 +79,12 @@ def summed_usage(
         params={"customer": customer_id, "start_time": start, "end_time": end},
     )
     return sum(int(row.aggregated_value) for row in page.auto_paging_iter())
+
+
+def wait_out_summary_lag(control: EmulatorControl) -> None:
+    """Move the emulator clock past the summary lag (on by default, as summaries are
+    eventually consistent on Stripe), so a test that reads its own writes sees them."""
+    control.advance_clock(int(control.state()["settings"]["summary_lag_s"]))
 
 
 def invoices_of(client: stripe.StripeClient, customer_id: str) -> list[stripe.Invoice]:

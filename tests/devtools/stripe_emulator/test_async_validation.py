@@ -21,14 +21,17 @@ from tests.devtools.stripe_emulator.invoicing_harness import (
     receiver,
     send_usage,
     summed_usage,
+    wait_out_summary_lag,
 )
+
+pytestmark = pytest.mark.usefixtures("auto_subscribe")
 
 NOW = at(2026, 1, 20)
 
 
 @pytest.fixture
 def thin(control: EmulatorControl) -> Iterator[Receiver]:
-    control.settings(validation_mode="async", error_report_delay_s=60)
+    control.settings(error_report_delay_s=60)
     control.set_clock(NOW, frozen=True)
     with receiver() as endpoint:
         control.add_destination(url=endpoint.url, secret=THIN_SECRET, style="thin")
@@ -86,6 +89,7 @@ def test_bad_events_get_200_now_and_a_thin_error_report_later(
     assert reason.error_count == 3
     archived_codes = [t.code for t in by_meter[archived.id].fetch_event().data.reason.error_types]
     assert archived_codes == ["archived_meter"]
+    wait_out_summary_lag(control)
     assert summed_usage(client, meter.id, customer.id, JAN_1, FEB_1) == 5
 
 
@@ -146,7 +150,7 @@ def test_rejected_events_never_reach_the_invoice(
     assert len(thin.deliveries) == 1
 
 
-def test_sync_mode_stays_the_default_and_refuses_bad_values(
+def test_async_is_the_default_and_sync_mode_refuses_bad_values_when_asked(
     client: stripe.StripeClient, control: EmulatorControl, customer: stripe.Customer, hour: int
 ) -> None:
     control.reset()
@@ -154,6 +158,11 @@ def test_sync_mode_stays_the_default_and_refuses_bad_values(
         params={"display_name": "u", "event_name": "u", "default_aggregation": {"formula": "sum"}}
     )
     control.set_clock(hour + 600, frozen=True)
+    accepted = send_usage(
+        client, customer.id, "lots", timestamp=hour, identifier="a1", event_name="u"
+    )
 
+    control.settings(validation_mode="sync")
     with pytest.raises(stripe.InvalidRequestError):
         send_usage(client, customer.id, "lots", timestamp=hour, identifier="s1", event_name="u")
+    assert accepted.identifier == "a1"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import stripe
 
 from devtools.stripe_emulator.control_client import EmulatorControl
@@ -14,6 +15,8 @@ from tests.devtools.stripe_emulator.invoicing_harness import (
     invoices_of,
     send_usage,
 )
+
+pytestmark = pytest.mark.usefixtures("auto_subscribe")
 
 
 def _adjust(client: stripe.StripeClient, customer_id: str, amount: int, currency: str) -> None:

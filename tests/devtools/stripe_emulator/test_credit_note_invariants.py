@@ -22,6 +22,7 @@ TOTAL = 10
 
 def _open_invoice(client: stripe.StripeClient, control: EmulatorControl, *, paid: bool) -> str:
     control.reset()
+    control.settings(auto_subscribe=True)  # a convenience: invoices, not subscribing, are tested
     client.v1.billing.meters.create(
         params={
             "display_name": "u",

@@ -19,6 +19,8 @@ from tests.devtools.stripe_emulator.invoicing_harness import (
     send_usage,
 )
 
+pytestmark = pytest.mark.usefixtures("auto_subscribe")
+
 
 @pytest.fixture
 def invoice(

@@ -18,6 +18,8 @@ from tests.devtools.stripe_emulator.invoicing_harness import (
     send_usage,
 )
 
+pytestmark = pytest.mark.usefixtures("auto_subscribe")
+
 
 def test_snapshot_and_thin_destinations_each_get_their_stream_under_their_own_secret(
     client: stripe.StripeClient,

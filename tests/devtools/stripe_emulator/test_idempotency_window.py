@@ -16,6 +16,7 @@ from tests.devtools.stripe_emulator.invoicing_harness import (
     sdk,
     send_usage,
     summed_usage,
+    wait_out_summary_lag,
 )
 
 METER_EVENTS = "/v1/billing/meter_events"
@@ -62,6 +63,7 @@ def test_stored_500_lapses_with_its_key_after_24_hours(
     control.advance_clock(1)
     send_usage(client, customer.id, 5, timestamp=NOW, identifier="u1", key="k1")
 
+    wait_out_summary_lag(control)
     assert summed_usage(client, meter.id, customer.id, JAN_1, FEB_1) == 5
 
 
@@ -78,6 +80,7 @@ def test_stored_500_after_commit_hides_an_event_that_landed(
         with pytest.raises(stripe.APIError):
             send_usage(client, customer.id, 5, timestamp=NOW, identifier="u1", key="k1")
 
+    wait_out_summary_lag(control)
     assert summed_usage(client, meter.id, customer.id, JAN_1, FEB_1) == 5  # only summaries tell
 
 
@@ -96,4 +99,25 @@ def test_late_retry_after_the_windows_lapse_is_billed_twice(
     send_usage(client, customer.id, 5, timestamp=NOW, identifier="u1", key="k1")
 
     assert replay.last_response.headers.get("Idempotent-Replayed") == "true"
+    wait_out_summary_lag(control)
     assert summed_usage(client, meter.id, customer.id, JAN_1, FEB_1) == 10
+
+
+def test_a_validation_error_is_not_kept_so_a_retry_after_the_fix_executes(
+    client: stripe.StripeClient,
+) -> None:
+    credit = {"amount": -500, "currency": "usd"}
+    options = {"idempotency_key": "credit-acme-1"}
+    with pytest.raises(stripe.InvalidRequestError) as missing:
+        client.v1.customers.balance_transactions.create("cus_acme", params=credit, options=options)  # type: ignore[arg-type]
+
+    client.v1.customers.create(params={"id": "cus_acme", "name": "Acme"})
+    retried = client.v1.customers.balance_transactions.create(
+        "cus_acme",
+        params=credit,
+        options=options,  # type: ignore[arg-type]
+    )
+
+    assert missing.value.code == "resource_missing"
+    assert retried.last_response.headers.get("Idempotent-Replayed") is None
+    assert client.v1.customers.retrieve("cus_acme").balance == -500

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from decimal import Decimal
 
 import pytest
 import stripe
@@ -22,7 +23,10 @@ from tests.devtools.stripe_emulator.invoicing_harness import (
     receiver,
     send_usage,
     summed_usage,
+    wait_out_summary_lag,
 )
+
+pytestmark = pytest.mark.usefixtures("auto_subscribe")
 
 
 @pytest.fixture
@@ -94,6 +98,7 @@ def test_late_usage_and_cancellations_after_finalization_move_summaries_not_the_
 
     (invoice,) = invoices_of(client, customer.id)
     assert (invoice.status, invoice.total, invoice.lines.data[0].quantity) == ("open", 14, 14)
+    wait_out_summary_lag(control)
     assert summed_usage(client, meter.id, customer.id, JAN_1, FEB_1) == 10 + 6
 
 
@@ -218,3 +223,39 @@ def test_usage_received_after_the_finalization_instant_is_left_out_even_if_notic
 
     (invoice,) = invoices_of(client, customer.id)
     assert (invoice.status, invoice.total) == ("open", 4)
+
+
+def test_a_fractional_unit_price_bills_the_rounded_product_and_credits_likewise(
+    client: stripe.StripeClient,
+    control: EmulatorControl,
+    meter: stripe.billing.Meter,
+    customer: stripe.Customer,
+) -> None:
+    # One meter unit is a micro-dollar: a ten-thousandth of a cent.
+    client.v1.prices.create(
+        params={
+            "currency": "usd",
+            "unit_amount_decimal": "0.0001",
+            "product_data": {"name": "usage"},
+            "recurring": {"interval": "month", "usage_type": "metered", "meter": meter.id},
+        }
+    )
+    control.set_clock(at(2026, 1, 20), frozen=True)
+    send_usage(client, customer.id, 125_000, timestamp=at(2026, 1, 19), identifier="a1")
+    control.set_clock(FEB_1 + HOUR_S, frozen=True)
+
+    (invoice,) = invoices_of(client, customer.id)
+    (line,) = invoice.lines.data
+    note = client.v1.credit_notes.create(
+        params={
+            "invoice": invoice.id,
+            "lines": [
+                {"type": "invoice_line_item", "invoice_line_item": line.id, "quantity": 25_000}
+            ],
+        }
+    )
+
+    # $0.125 is 12.5 cents: 13 on the invoice; $0.025 credited is 2.5 cents: 3.
+    assert (line.quantity, line.pricing.unit_amount_decimal) == (125_000, Decimal("0.0001"))
+    assert (invoice.total, note.amount) == (13, 3)
+    assert client.v1.invoices.retrieve(invoice.id).amount_due == 10

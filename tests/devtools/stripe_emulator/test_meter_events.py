@@ -12,6 +12,13 @@ from tests.devtools.stripe_emulator.harness import EVENT_NAME, SendEvent
 DAY_S = 86400
 
 
+@pytest.fixture(autouse=True)
+def _sync_validation(control: EmulatorControl) -> None:
+    """These tests assert the 400s of synchronous validation (the default is async, tested in
+    test_async_validation.py) and read summaries at once (the lag: test_summary_lag.py)."""
+    control.settings(validation_mode="sync", summary_lag_s=0)
+
+
 def _summaries(
     client: stripe.StripeClient, meter_id: str, customer_id: str, start: int, end: int
 ) -> list[tuple[int, int]]:
