@@ -97,7 +97,7 @@ class Settings(BaseSettings):
     # The drift check's patience only (drift.summary_lag): hours that ended less than this
     # ago are not compared, so a usual lag raises no false alarm. Never proof that a call
     # did not land: that takes stripe_summary_trust_s.
-    stripe_summary_lag_s: float = 300.0
+    stripe_summary_lag_s: float = 3600.0
     # Client-side rate limits, per process, at Stripe's documented rates: 100 operations/s
     # in live mode (25 in a sandbox: set it so), and 1000 meter events/s.
     stripe_rate_limit_per_s: float = 100.0

@@ -10,25 +10,21 @@ import stripe
 
 from devtools.stripe_emulator import EmulatorServer
 from devtools.stripe_emulator.control_client import EmulatorControl
-from devtools.stripe_emulator.settings import NO_RATE_LIMITS
 from metering.billing.service import link_customer
 from metering.config import Settings
 from tests.billing.harness import SNAPSHOT_SECRET, THIN_SECRET
 
-# The emulator's defaults before issue #29 (summaries at once, synchronous validation, no rate
-# limits, a subscription on first usage); removed once the billing code handles lag, async
-# validation and rate limits.
-PRE_ISSUE_29_EMULATOR: dict[str, Any] = {
-    "summary_lag_s": 0,
-    "validation_mode": "sync",
-    **NO_RATE_LIMITS,
-    "auto_subscribe": True,
-}
+# Stripe's behaviour as documented, with one convenience: a customer is subscribed to a
+# metered price on its first usage, as an account's sign-up flow would do, so tests that
+# are not about subscriptions need not make one. Summaries lag, validation is asynchronous
+# and the sandbox rate limits apply (the emulator's defaults); a test that needs one of
+# them off says why where it switches it.
+BILLING_EMULATOR: dict[str, Any] = {"auto_subscribe": True}
 
 
 @pytest.fixture
 def emulator() -> Iterator[EmulatorServer]:
-    server = EmulatorServer(settings=PRE_ISSUE_29_EMULATOR)
+    server = EmulatorServer(settings=BILLING_EMULATOR)
     server.start()
     yield server
     server.stop()
@@ -54,6 +50,7 @@ def stripe_settings(settings: Settings, emulator: EmulatorServer) -> Settings:
             "stripe_webhook_secret": SNAPSHOT_SECRET,
             "stripe_thin_webhook_secret": THIN_SECRET,
             "stripe_summary_lag_s": 0.0,
+            "stripe_rate_limit_per_s": 25.0,  # a sandbox key's rate ("Rate limits")
         }
     )
 
