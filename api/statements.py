@@ -21,12 +21,14 @@ from api.amounts import usd_html
 from api.html_security import html_headers, new_nonce
 from api.openapi_docs import AUTHENTICATED, keys, problems
 from api.services import Services
-from api.wire import StatementLineReply, StatementReply, TotalsReply
+from api.wire import InvoiceTotalsReply, StatementLineReply, StatementReply, TotalsReply
 from metering.db import raw_transaction
 from metering.keys import Principal, Scope
 from metering.statements import links, query, totals
 from metering.statements.render import csv_chunks, daily_chart_svg
 from metering.statements.service import (
+    CURRENCY_UNKNOWN,
+    InvoiceFigures,
     IssuedLink,
     StatementPage,
     authorize,
@@ -158,6 +160,7 @@ def _page(
             close_delay_s=services.settings.period_close_delay_s,
             cursor=cursor,
             limit=limit,
+            unit_micros=services.settings.stripe_meter_unit_micros,
         )
 
 
@@ -172,7 +175,11 @@ def _html(
     with raw_transaction(services.engine) as conn:
         days = totals.daily(conn, statement)
     return TEMPLATES.get_template("statement.html").render(
-        page=page, chart=daily_chart_svg(page.period, days), usd=usd_html, csp_nonce=nonce
+        page=page,
+        chart=daily_chart_svg(page.period, days),
+        usd=usd_html,
+        csp_nonce=nonce,
+        currency_unknown=CURRENCY_UNKNOWN,
     )
 
 
@@ -214,6 +221,21 @@ def _json(page: StatementPage) -> StatementReply:
             for line in page.lines
         ],
         next_cursor=page.next_cursor,
+        invoice=None if page.invoice is None else invoice_reply(page.invoice),
+        invoice_note=CURRENCY_UNKNOWN if page.invoice is None else None,
+    )
+
+
+def invoice_reply(figures: InvoiceFigures) -> InvoiceTotalsReply:
+    """The statement's ``invoice`` object (the CLI prints the same)."""
+    return InvoiceTotalsReply(
+        currency=figures.rate.currency,
+        unit_amount_decimal=str(figures.rate.unit_amount_minor),
+        rate_since=figures.rate.since,
+        billed_minor=figures.billed_minor,
+        credited_minor=figures.credited_minor,
+        billed=figures.billed_text,
+        credited=figures.credited_text,
     )
 
 

@@ -9,14 +9,20 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import click
+from msgspec import to_builtins
 
+from api.statements import invoice_reply
 from metering.config import load_cli_settings
 from metering.db import create_db_engine, raw_transaction
 from metering.keys import Principal, Scope
 from metering.money import format_usd
 from metering.statements import query, totals
 from metering.statements.render import csv_chunks, daily_chart_svg
-from metering.statements.service import build_query, statement_page
+from metering.statements.service import (
+    CURRENCY_UNKNOWN,
+    build_query,
+    statement_page,
+)
 
 
 @click.command()
@@ -48,6 +54,7 @@ def statement(
             now=now,
             close_delay_s=settings.period_close_delay_s,
             limit=1000,
+            unit_micros=settings.stripe_meter_unit_micros,
         )
         if as_csv:
             for chunk in csv_chunks(query.stream(conn, statement_query)):
@@ -59,7 +66,10 @@ def statement(
             days = totals.daily(conn, statement_query)
             html_file.write_text(
                 TEMPLATES.get_template("statement.html").render(
-                    page=page, chart=daily_chart_svg(page.period, days), usd=format_usd
+                    page=page,
+                    chart=daily_chart_svg(page.period, days),
+                    usd=format_usd,
+                    currency_unknown=CURRENCY_UNKNOWN,
                 )
             )
             click.echo(f"wrote {html_file}")
@@ -69,6 +79,8 @@ def statement(
         "period": page.period,
         "closed": page.closed,
         "totals": asdict(page.totals),
+        "invoice": None if page.invoice is None else to_builtins(invoice_reply(page.invoice)),
+        "invoice_note": CURRENCY_UNKNOWN if page.invoice is None else None,
         "lines": [asdict(line) for line in page.lines],
     }
     click.echo(json.dumps(body, default=str, indent=2))

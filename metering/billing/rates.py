@@ -107,4 +107,3 @@ _NEWER = "(billing_rate_since IS NULL OR billing_rate_since <= %(since)s)"
 
 def _params(rate: BillingRate) -> dict[str, Any]:
     return {"currency": rate.currency, "amount": rate.unit_amount_minor, "since": rate.since}
-
