@@ -27,8 +27,15 @@ from metering.protection.service import report_for
 
 
 def _report(state: State, principal: Principal, period: str | None) -> ProtectionReport:
-    with raw_transaction(services_of(state).engine) as conn:
-        return report_for(conn, principal, period or "current", datetime.now(UTC))
+    services = services_of(state)
+    with raw_transaction(services.engine) as conn:
+        return report_for(
+            conn,
+            principal,
+            period or "current",
+            datetime.now(UTC),
+            unit_micros=services.settings.stripe_meter_unit_micros,
+        )
 
 
 @get("/protection", sync_to_thread=True)

@@ -4,9 +4,9 @@ it — the only conversion between the micro-USD ledger and an invoice (docs/str
 price, so the figure a person compares with the invoice is ``rounding.line_minor`` of them.
 
 A rate is learned from the customer's invoices (the webhooks, and ``link-customer``) or told
-by the operator, and stored on the customer with the moment it was learned. The latest wins:
-a changed price replaces the old one, so a statement of an earlier period is shown at today's
-rate (the figure for a period invoiced at an older price is off by the price change).
+by the operator, and stored on the customer with the moment it was learned (``rate_store``).
+The latest wins: a changed price replaces the old one, so a statement of an earlier period
+is shown at today's rate (a period invoiced at an older price reads off by the change).
 """
 
 from __future__ import annotations
@@ -16,10 +16,14 @@ from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-import psycopg
-
 from metering.billing.rounding import line_minor
 from metering.money import currency_text
+
+# What a customer reads while its billing currency is not known.
+CURRENCY_UNKNOWN = (
+    "The amount in your invoice's currency is not known yet: it appears once your first "
+    "invoice is created. The USD figures are exact."
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +43,49 @@ class BillingRate:
     def invoice_text(self, micros: int, unit_micros: int) -> str:
         """The same, written for people ("1.03 EUR")."""
         return currency_text(self.invoice_minor(micros, unit_micros), self.currency)
+
+
+@dataclass(frozen=True, slots=True)
+class InvoiceFigures:
+    """A customer's charged and restored micros as its invoice counts them, at ``rate``:
+    ``billed_minor`` is what the period's invoice less its credit notes says (the ledger's
+    billed micros are net of credits); ``credited_minor`` is the restored usage priced the
+    same way, for comparison with the credit notes."""
+
+    rate: BillingRate
+    billed_minor: int
+    credited_minor: int
+
+    @classmethod
+    def of(
+        cls, rate: BillingRate, billed_micros: int, credited_micros: int, unit_micros: int
+    ) -> InvoiceFigures:
+        return cls(
+            rate,
+            rate.invoice_minor(billed_micros, unit_micros),
+            rate.invoice_minor(credited_micros, unit_micros),
+        )
+
+    @property
+    def billed_text(self) -> str:
+        return currency_text(self.billed_minor, self.rate.currency)
+
+    @property
+    def credited_text(self) -> str:
+        return currency_text(self.credited_minor, self.rate.currency)
+
+
+def invoice_document(figures: InvoiceFigures) -> dict[str, Any]:
+    """The figures as plain data, one shape wherever they are shown (statement, report)."""
+    return {
+        "currency": figures.rate.currency,
+        "unit_amount_decimal": str(figures.rate.unit_amount_minor),
+        "rate_since": figures.rate.since.isoformat(),
+        "billed_minor": figures.billed_minor,
+        "credited_minor": figures.credited_minor,
+        "billed": figures.billed_text,
+        "credited": figures.credited_text,
+    }
 
 
 def parse_rate(currency: str, unit_amount_decimal: str, since: datetime) -> BillingRate:
@@ -66,44 +113,3 @@ def rate_of_invoice(line: dict[str, Any] | None, invoice: dict[str, Any]) -> Bil
         return None
     since = datetime.fromtimestamp(int(invoice["created"]), tz=UTC)
     return parse_rate(str(invoice["currency"]), str(amount), since)
-
-
-def store_for_stripe_customer(
-    conn: psycopg.Connection[Any], stripe_customer: str, rate: BillingRate
-) -> int:
-    """Store ``rate`` on every customer linked to ``stripe_customer`` unless a rate learned
-    later is there already (latest wins); the number of customers changed."""
-    result = conn.execute(
-        f"UPDATE customers SET {_SET} WHERE stripe_customer_id = %(stripe)s AND {_NEWER}",
-        _params(rate) | {"stripe": stripe_customer},
-    )
-    return result.rowcount
-
-
-def store(conn: psycopg.Connection[Any], tenant: str, customer: str, rate: BillingRate) -> None:
-    """Store ``rate`` on one customer (latest wins, as above)."""
-    conn.execute(
-        f"UPDATE customers SET {_SET} WHERE tenant_id = %(t)s AND id = %(c)s AND {_NEWER}",
-        _params(rate) | {"t": tenant, "c": customer},
-    )
-
-
-def rate_for(conn: psycopg.Connection[Any], tenant: str, customer: str) -> BillingRate | None:
-    """The customer's stored rate; None while its currency is not known."""
-    row = conn.execute(
-        "SELECT billing_currency, billing_unit_amount_decimal, billing_rate_since "
-        "FROM customers WHERE tenant_id = %s AND id = %s AND billing_currency IS NOT NULL",
-        (tenant, customer),
-    ).fetchone()
-    return None if row is None else BillingRate(str(row[0]), Decimal(row[1]), row[2])
-
-
-_SET = (
-    "billing_currency = %(currency)s, billing_unit_amount_decimal = %(amount)s, "
-    "billing_rate_since = %(since)s"
-)
-_NEWER = "(billing_rate_since IS NULL OR billing_rate_since <= %(since)s)"
-
-
-def _params(rate: BillingRate) -> dict[str, Any]:
-    return {"currency": rate.currency, "amount": rate.unit_amount_minor, "since": rate.since}

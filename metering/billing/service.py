@@ -10,7 +10,7 @@ import psycopg
 import stripe
 from sqlalchemy.engine import Engine
 
-from metering.billing import outbox, rates, rejections, webhooks
+from metering.billing import outbox, rate_store, rates, rejections, webhooks
 from metering.billing.drift import (
     Difference,
     InvoiceDrift,
@@ -46,7 +46,7 @@ def link_customer(
         if result.rowcount == 0:
             raise not_found(f"no customer {customer}", code="customer_not_found")
         if rate is not None:
-            rates.store(conn, tenant, customer, rate)
+            rate_store.store(conn, tenant, customer, rate)
         released: int = outbox.release_waiting(conn, tenant, customer)
         return released
 

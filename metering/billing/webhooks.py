@@ -19,7 +19,7 @@ import psycopg
 import stripe
 from psycopg.types.json import Jsonb
 
-from metering.billing import rates, rejections
+from metering.billing import rate_store, rejections
 from metering.billing.rates import BillingRate
 from metering.errors import bad_request
 
@@ -141,7 +141,9 @@ def handle_one(
     if row[0] in INVOICE_TYPES:
         _track_invoice(conn, row[0], payload["data"]["object"])
         if rate is not None:
-            rates.store_for_stripe_customer(conn, str(payload["data"]["object"]["customer"]), rate)
+            rate_store.store_for_stripe_customer(
+                conn, str(payload["data"]["object"]["customer"]), rate
+            )
     elif row[0] in THIN_TYPES:
         waiting = rejections.in_flight(conn, payload, unsampled, datetime.now(UTC))
         if waiting is not None:

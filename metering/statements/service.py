@@ -10,50 +10,13 @@ from typing import Any
 
 import psycopg
 
-from metering.billing.rates import BillingRate, rate_for
 from metering.errors import FieldError, forbidden, not_found, validation_error
 from metering.keys import Principal, Scope
-from metering.money import currency_text
 from metering.periods import period_close
 from metering.statements import links, query, totals
 from metering.statements.query import StatementLine, StatementQuery, Totals
 
 MAX_PAGE = 1000
-
-
-@dataclass(frozen=True, slots=True)
-class InvoiceFigures:
-    """The statement's charged and restored totals in the customer's billing currency, as
-    its invoice counts them: whole meter units priced at the customer's rate and rounded once
-    (``BillingRate.invoice_minor``), so ``billed_minor`` is what the period's invoice less
-    its credit notes says; ``credited_minor`` is the restored usage priced the same way."""
-
-    rate: BillingRate
-    billed_minor: int
-    credited_minor: int
-
-    @classmethod
-    def of(cls, rate: BillingRate, totals: Totals, unit_micros: int) -> InvoiceFigures:
-        return cls(
-            rate,
-            rate.invoice_minor(totals.billed_micros, unit_micros),
-            rate.invoice_minor(totals.credited_micros, unit_micros),
-        )
-
-    @property
-    def billed_text(self) -> str:
-        return currency_text(self.billed_minor, self.rate.currency)
-
-    @property
-    def credited_text(self) -> str:
-        return currency_text(self.credited_minor, self.rate.currency)
-
-
-# What a customer whose billing currency is not known yet reads instead of invoice figures.
-CURRENCY_UNKNOWN = (
-    "The amount in your invoice's currency is not known yet: it appears once your first "
-    "invoice is created. The USD figures are exact."
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +27,6 @@ class StatementPage:
     totals: Totals
     lines: list[StatementLine]
     next_cursor: str | None
-    invoice: InvoiceFigures | None = None  # None while the billing currency is not known
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,10 +129,7 @@ def statement_page(
     close_delay_s: int,
     cursor: str | None = None,
     limit: int = 100,
-    unit_micros: int,
 ) -> StatementPage:
-    """A page of the statement with its totals, and with them in the customer's billing
-    currency when it is known (``unit_micros``: ``stripe_meter_unit_micros``)."""
     authorize(conn, principal, statement.customer_id)
     if not 1 <= limit <= MAX_PAGE:
         raise validation_error(
@@ -179,14 +138,11 @@ def statement_page(
     lines = query.page(conn, statement, after=decode_cursor(cursor), limit=limit + 1)
     more = len(lines) > limit
     lines = lines[:limit]
-    sums = totals.totals(conn, statement)
-    rate = rate_for(conn, statement.tenant_id, statement.customer_id)
     return StatementPage(
         customer=statement.customer_id,
         period=statement.period,
         closed=is_closed(statement.period, now, close_delay_s),
-        totals=sums,
+        totals=totals.totals(conn, statement),
         lines=lines,
         next_cursor=encode_cursor(lines[-1]) if more else None,
-        invoice=None if rate is None else InvoiceFigures.of(rate, sums, unit_micros),
     )
