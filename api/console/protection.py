@@ -21,7 +21,7 @@ from api.console.web import services_of, signed_in
 from api.downloads import csv_download
 from metering.db import raw_transaction
 from metering.keys import Principal
-from metering.protection.export import report_csv
+from metering.protection.export import CURRENCY_UNKNOWN, report_csv
 from metering.protection.report import CREDIT_KINDS, RULE_NAMES, ProtectionReport
 from metering.protection.service import report_for
 
@@ -53,6 +53,7 @@ def protection_page(
         chart=credited_by_rule_svg(report.total),
         kinds=[k for k in CREDIT_KINDS if k != "other" or report.total.by_rule()[k]],
         rule_names=RULE_NAMES,
+        currency_unknown=CURRENCY_UNKNOWN,
     )
 
 
