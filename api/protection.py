@@ -19,6 +19,7 @@ from litestar.params import FromQuery
 from api.downloads import csv_download, wants_csv
 from api.openapi_docs import AUTHENTICATED, keys, problems
 from api.services import Services
+from api.wire import InvoiceTotalsReply
 from metering.db import raw_transaction
 from metering.keys import Principal, Scope
 from metering.protection.export import report_csv, report_document
@@ -50,6 +51,8 @@ class FiguresReply(msgspec.Struct):
 
 class CustomerFiguresReply(FiguresReply):
     customer: str
+    invoice: InvoiceTotalsReply | None = None  # billed and credited in its billing currency
+    invoice_note: str | None = None  # why ``invoice`` is null
 
 
 class ProtectionReply(msgspec.Struct):
@@ -90,4 +93,10 @@ async def get_protection_report(
 
 def _report(services: Services, principal: Principal, period: str) -> ProtectionReport:
     with raw_transaction(services.engine) as conn:
-        return report_for(conn, principal, period, datetime.now(UTC))
+        return report_for(
+            conn,
+            principal,
+            period,
+            datetime.now(UTC),
+            unit_micros=services.settings.stripe_meter_unit_micros,
+        )

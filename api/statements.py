@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import msgspec
+import psycopg
 from anyio import to_thread
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from litestar import Request, Response, get, post
@@ -21,7 +23,10 @@ from api.amounts import usd_html
 from api.html_security import html_headers, new_nonce
 from api.openapi_docs import AUTHENTICATED, keys, problems
 from api.services import Services
-from api.wire import StatementLineReply, StatementReply, TotalsReply
+from api.wire import InvoiceTotalsReply, StatementLineReply, StatementReply, TotalsReply
+from metering.billing.rate_store import invoice_figures
+from metering.billing.rates import CURRENCY_UNKNOWN, InvoiceFigures, invoice_document
+from metering.config import Settings
 from metering.db import raw_transaction
 from metering.keys import Principal, Scope
 from metering.statements import links, query, totals
@@ -96,15 +101,15 @@ async def get_statement(
             media_type="text/csv",  # Litestar adds "; charset=utf-8" to text/*
             headers={"content-disposition": _attachment(customer, statement.period)},
         )
-    page = await to_thread.run_sync(_page, services, principal, statement, now, cursor, limit)
+    shown = await to_thread.run_sync(_page, services, principal, statement, now, cursor, limit)
     if kind == "html":
         nonce = new_nonce()
         return Response(
-            await to_thread.run_sync(_html, services, page, statement, nonce),
+            await to_thread.run_sync(_html, services, shown, statement, nonce),
             media_type="text/html",
             headers=html_headers(nonce),
         )
-    return Response(_json(page), media_type="application/json")
+    return Response(_json(shown), media_type="application/json")
 
 
 def _attachment(customer: str, period: str) -> str:
@@ -141,6 +146,47 @@ def _authorize(services: Services, principal: Principal, customer: str) -> None:
         authorize(conn, principal, customer)
 
 
+@dataclass(frozen=True, slots=True)
+class ShownStatement:
+    """A statement page and its totals in the customer's billing currency (None while it is
+    not known): statements and billing are separate use cases, joined here at the edge."""
+
+    page: StatementPage
+    invoice: InvoiceFigures | None
+
+
+def shown_statement(
+    conn: psycopg.Connection[Any],
+    principal: Principal,
+    statement: query.StatementQuery,
+    settings: Settings,
+    *,
+    now: datetime,
+    cursor: str | None = None,
+    limit: int = 100,
+) -> ShownStatement:
+    """The page (``statement_page``) with its invoice figures, in the caller's transaction
+    (the API's and the CLI's)."""
+    page = statement_page(
+        conn,
+        principal,
+        statement,
+        now=now,
+        close_delay_s=settings.period_close_delay_s,
+        cursor=cursor,
+        limit=limit,
+    )
+    invoice = invoice_figures(
+        conn,
+        statement.tenant_id,
+        statement.customer_id,
+        billed_micros=page.totals.billed_micros,
+        credited_micros=page.totals.credited_micros,
+        unit_micros=settings.stripe_meter_unit_micros,
+    )
+    return ShownStatement(page, invoice)
+
+
 def _page(
     services: Services,
     principal: Principal,
@@ -148,16 +194,10 @@ def _page(
     now: datetime,
     cursor: str | None,
     limit: int,
-) -> StatementPage:
+) -> ShownStatement:
     with raw_transaction(services.engine) as conn:
-        return statement_page(
-            conn,
-            principal,
-            statement,
-            now=now,
-            close_delay_s=services.settings.period_close_delay_s,
-            cursor=cursor,
-            limit=limit,
+        return shown_statement(
+            conn, principal, statement, services.settings, now=now, cursor=cursor, limit=limit
         )
 
 
@@ -167,16 +207,29 @@ def _csv(services: Services, statement: query.StatementQuery) -> Iterator[bytes]
 
 
 def _html(
-    services: Services, page: StatementPage, statement: query.StatementQuery, nonce: str
+    services: Services, shown: ShownStatement, statement: query.StatementQuery, nonce: str
 ) -> str:
     with raw_transaction(services.engine) as conn:
         days = totals.daily(conn, statement)
+    return render_html(shown, days, usd_html, csp_nonce=nonce)
+
+
+def render_html(
+    shown: ShownStatement, days: list[tuple[date, int, int]], usd: Any, csp_nonce: str = ""
+) -> str:
+    """The statement page (``usd``: how an amount is written)."""
     return TEMPLATES.get_template("statement.html").render(
-        page=page, chart=daily_chart_svg(page.period, days), usd=usd_html, csp_nonce=nonce
+        page=shown.page,
+        invoice=shown.invoice,
+        chart=daily_chart_svg(shown.page.period, days),
+        usd=usd,
+        csp_nonce=csp_nonce,
+        currency_unknown=CURRENCY_UNKNOWN,
     )
 
 
-def _json(page: StatementPage) -> StatementReply:
+def _json(shown: ShownStatement) -> StatementReply:
+    page, invoice = shown.page, shown.invoice
     totals = page.totals
     return StatementReply(
         customer=page.customer,
@@ -214,7 +267,14 @@ def _json(page: StatementPage) -> StatementReply:
             for line in page.lines
         ],
         next_cursor=page.next_cursor,
+        invoice=None if invoice is None else invoice_reply(invoice),
+        invoice_note=CURRENCY_UNKNOWN if invoice is None else None,
     )
+
+
+def invoice_reply(figures: InvoiceFigures) -> InvoiceTotalsReply:
+    """The statement's ``invoice`` object."""
+    return msgspec.convert(invoice_document(figures), InvoiceTotalsReply)
 
 
 class StatementLinkRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -260,10 +320,10 @@ async def open_statement_link(token: FromPath[str], state: State) -> Response[An
     grant = links.verify(services.settings.key_pepper, token, now=now)
     principal = grant.principal()
     statement = build_query(principal, grant.customer_id, grant.period, now=now)
-    page = await to_thread.run_sync(_page, services, principal, statement, now, None, 100)
+    shown = await to_thread.run_sync(_page, services, principal, statement, now, None, 100)
     nonce = new_nonce()
     return Response(
-        await to_thread.run_sync(_html, services, page, statement, nonce),
+        await to_thread.run_sync(_html, services, shown, statement, nonce),
         media_type="text/html",
         headers=html_headers(nonce),
     )

@@ -98,6 +98,18 @@ class StatementLineReply(msgspec.Struct):
     stripe: str
 
 
+class InvoiceTotalsReply(msgspec.Struct):
+    """The totals in the customer's billing currency, as its invoice counts them."""
+
+    currency: str  # ISO 4217, lowercase, as Stripe writes it
+    unit_amount_decimal: str  # the price of one meter unit in minor units, as Stripe gives it
+    rate_since: datetime  # when that price was learned (the latest wins)
+    billed_minor: int  # = the period's invoice less its credit notes
+    credited_minor: int
+    billed: str  # "1.03 EUR"
+    credited: str
+
+
 class StatementReply(msgspec.Struct):
     customer: str
     period: str
@@ -105,6 +117,8 @@ class StatementReply(msgspec.Struct):
     totals: TotalsReply
     lines: list[StatementLineReply]
     next_cursor: str | None
+    invoice: InvoiceTotalsReply | None = None  # null while the currency is not known
+    invoice_note: str | None = None  # why ``invoice`` is null, for people
 
 
 class StreamEvent(msgspec.Struct):

@@ -23,12 +23,45 @@ def stripe() -> None:
 @click.option("--tenant", required=True)
 @click.option("--customer", required=True)
 @click.option("--stripe-id", required=True, help="The Stripe customer id (cus_…).")
-def link_customer(tenant: str, customer: str, stripe_id: str) -> None:
-    """Set a customer's Stripe id; its waiting outbox rows become due."""
+@click.option("--currency", default=None, help="The invoices' currency (ISO 4217, e.g. eur).")
+@click.option(
+    "--unit-amount-decimal",
+    default=None,
+    help="The price of one meter unit in minor units of --currency, as the Stripe price says.",
+)
+def link_customer(
+    tenant: str,
+    customer: str,
+    stripe_id: str,
+    currency: str | None,
+    unit_amount_decimal: str | None,
+) -> None:
+    """Set a customer's Stripe id and billing rate; its waiting outbox rows become due.
+
+    The rate is the operator's (--currency with --unit-amount-decimal), else the one the
+    customer's newest invoice in Stripe shows, else learned from its first invoice."""
+    from metering.billing.rates import parse_rate
+    from metering.billing.service import latest_invoice_rate
     from metering.billing.service import link_customer as link
 
-    released = link(create_db_engine(load_cli_settings()), tenant, customer, stripe_id)
+    if (currency is None) != (unit_amount_decimal is None):
+        raise click.UsageError("give --currency and --unit-amount-decimal together")
+    settings = load_cli_settings()
+    try:
+        rate = (
+            parse_rate(currency, unit_amount_decimal, datetime.now(UTC))
+            if currency is not None and unit_amount_decimal is not None
+            else latest_invoice_rate(settings, stripe_id)
+        )
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    released = link(create_db_engine(settings), tenant, customer, stripe_id, rate)
     click.echo(f"linked {customer} to {stripe_id}; {released} waiting row(s) released")
+    if rate is None:
+        click.echo("billing currency not known yet: learned from the customer's first invoice")
+    else:
+        unit = f"{rate.unit_amount_minor} {rate.currency.upper()} minor unit(s)"
+        click.echo(f"billing currency {rate.currency.upper()}: one meter unit = {unit}")
 
 
 @stripe.command("push")

@@ -11,8 +11,14 @@ from metering.config import load_cli_settings
 from metering.db import create_db_engine, raw_transaction
 from metering.keys import Principal, Scope
 from metering.money import display_usd
-from metering.protection.export import report_csv, report_document
-from metering.protection.report import CREDIT_KINDS, RULE_NAMES, Figures, ProtectionReport
+from metering.protection.export import CURRENCY_UNKNOWN, report_csv, report_document
+from metering.protection.report import (
+    CREDIT_KINDS,
+    RULE_NAMES,
+    CustomerProtection,
+    Figures,
+    ProtectionReport,
+)
 from metering.protection.service import report_for
 
 
@@ -28,10 +34,17 @@ def report() -> None:
 @click.option("--json", "as_json", is_flag=True, help="The API's JSON document.")
 def protection(tenant: str, period: str, as_csv: bool, as_json: bool) -> None:
     """Credits by rule, their provider cost, and margins before and after protection."""
-    engine = create_db_engine(load_cli_settings())
+    settings = load_cli_settings()
+    engine = create_db_engine(settings)
     operator = Principal(tenant_id=tenant, scope=Scope.ADMIN, key_id="cli")
     with raw_transaction(engine) as conn:
-        found = report_for(conn, operator, period, datetime.now(UTC))
+        found = report_for(
+            conn,
+            operator,
+            period,
+            datetime.now(UTC),
+            unit_micros=settings.stripe_meter_unit_micros,
+        )
     if as_csv:
         click.echo(report_csv(found), nl=False)
     elif as_json:
@@ -81,4 +94,15 @@ def summary(found: ProtectionReport) -> str:
         for row in found.top_by_restored_cost:
             cost = _usd(row.figures.credited_cost_micros)
             lines.append(f"  {row.customer_id:<26}{cost} of {_usd(row.figures.credited_micros)}")
+    lines += ["", "On the customers' invoices (billed, credited)"]
+    lines += [_on_invoice(row) for row in found.customers]
     return "\n".join(lines)
+
+
+def _on_invoice(row: CustomerProtection) -> str:
+    """A customer's billed and credited as its invoice counts them, beside the exact USD."""
+    usd = f"{_usd(row.figures.billed_micros)}, {_usd(row.figures.credited_micros)}"
+    if row.invoice is None:
+        return f"  {row.customer_id:<26}{usd} — {CURRENCY_UNKNOWN}"
+    on_invoice = f"≈ {row.invoice.billed_text}, ≈ {row.invoice.credited_text}"
+    return f"  {row.customer_id:<26}{usd} — {on_invoice} on the invoice"

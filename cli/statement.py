@@ -10,13 +10,14 @@ from pathlib import Path
 
 import click
 
+from metering.billing.rates import CURRENCY_UNKNOWN, invoice_document
 from metering.config import load_cli_settings
 from metering.db import create_db_engine, raw_transaction
 from metering.keys import Principal, Scope
 from metering.money import format_usd
 from metering.statements import query, totals
-from metering.statements.render import csv_chunks, daily_chart_svg
-from metering.statements.service import build_query, statement_page
+from metering.statements.render import csv_chunks
+from metering.statements.service import build_query
 
 
 @click.command()
@@ -40,35 +41,28 @@ def statement(
     operator = Principal(tenant_id=tenant, scope=Scope.ADMIN, key_id="cli")
     now = datetime.now(UTC)
     statement_query = build_query(operator, customer, period, now=now)
+    # The edge's composition of the statement and its invoice figures, and its page.
+    from api.statements import render_html, shown_statement
+
     with raw_transaction(engine) as conn:
-        page = statement_page(
-            conn,
-            operator,
-            statement_query,
-            now=now,
-            close_delay_s=settings.period_close_delay_s,
-            limit=1000,
-        )
+        shown = shown_statement(conn, operator, statement_query, settings, now=now, limit=1000)
         if as_csv:
             for chunk in csv_chunks(query.stream(conn, statement_query)):
                 sys.stdout.buffer.write(chunk)
             return
         if html_file is not None:
-            from api.statements import TEMPLATES
-
             days = totals.daily(conn, statement_query)
-            html_file.write_text(
-                TEMPLATES.get_template("statement.html").render(
-                    page=page, chart=daily_chart_svg(page.period, days), usd=format_usd
-                )
-            )
+            html_file.write_text(render_html(shown, days, format_usd))
             click.echo(f"wrote {html_file}")
             return
+    page, invoice = shown.page, shown.invoice
     body = {
         "customer": page.customer,
         "period": page.period,
         "closed": page.closed,
         "totals": asdict(page.totals),
+        "invoice": None if invoice is None else invoice_document(invoice),
+        "invoice_note": CURRENCY_UNKNOWN if invoice is None else None,
         "lines": [asdict(line) for line in page.lines],
     }
     click.echo(json.dumps(body, default=str, indent=2))

@@ -1,4 +1,5 @@
-"""Money is integer micro-USD everywhere. The one rounding function lives here."""
+"""Money is integer micro-USD everywhere. The one rounding function lives here, and the
+one way an amount in another currency's minor units is written."""
 
 from __future__ import annotations
 
@@ -53,3 +54,39 @@ def display_usd(micros: int) -> str:
     if abs(micros) < MICROS_PER_USD:
         return describe_usd(micros)
     return format_usd(micros)
+
+
+# "Zero-decimal" and "three-decimal" currencies — https://docs.stripe.com/currencies
+ZERO_DECIMAL = frozenset(
+    [
+        "bif",
+        "clp",
+        "djf",
+        "gnf",
+        "jpy",
+        "kmf",
+        "krw",
+        "mga",
+        "pyg",
+        "rwf",
+        "ugx",
+        "vnd",
+        "vuv",
+        "xaf",
+        "xof",
+        "xpf",
+    ]
+)
+THREE_DECIMAL = frozenset({"bhd", "jod", "kwd", "omr", "tnd"})
+
+
+def currency_text(minor: int, currency: str, signed: bool = False) -> str:
+    """Minor units of ``currency`` (Stripe's lowercase ISO code) for people, with the code:
+    ``describe_usd``'s rule (every digit needed), at the currency's decimals — 103 ``eur`` is
+    "1.03 EUR", 500 ``jpy`` "500 JPY", 1234 ``kwd`` "1.234 KWD"."""
+    places = 0 if currency in ZERO_DECIMAL else 3 if currency in THREE_DECIMAL else 2
+    text = describe_usd(minor * 10 ** (6 - places))
+    if places == 0:
+        text = text.split(".")[0]
+    sign = "+" if signed and minor >= 0 else ""
+    return f"{sign}{text} {currency.upper()}"

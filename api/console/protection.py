@@ -21,14 +21,21 @@ from api.console.web import services_of, signed_in
 from api.downloads import csv_download
 from metering.db import raw_transaction
 from metering.keys import Principal
-from metering.protection.export import report_csv
+from metering.protection.export import CURRENCY_UNKNOWN, report_csv
 from metering.protection.report import CREDIT_KINDS, RULE_NAMES, ProtectionReport
 from metering.protection.service import report_for
 
 
 def _report(state: State, principal: Principal, period: str | None) -> ProtectionReport:
-    with raw_transaction(services_of(state).engine) as conn:
-        return report_for(conn, principal, period or "current", datetime.now(UTC))
+    services = services_of(state)
+    with raw_transaction(services.engine) as conn:
+        return report_for(
+            conn,
+            principal,
+            period or "current",
+            datetime.now(UTC),
+            unit_micros=services.settings.stripe_meter_unit_micros,
+        )
 
 
 @get("/protection", sync_to_thread=True)
@@ -46,6 +53,7 @@ def protection_page(
         chart=credited_by_rule_svg(report.total),
         kinds=[k for k in CREDIT_KINDS if k != "other" or report.total.by_rule()[k]],
         rule_names=RULE_NAMES,
+        currency_unknown=CURRENCY_UNKNOWN,
     )
 
 

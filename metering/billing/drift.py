@@ -18,7 +18,7 @@ from metering.billing.gateway import StripeGateway
 from metering.billing.plan import Step, carry_effect
 from metering.billing.rounding import line_minor
 from metering.config import Settings
-from metering.money import describe_usd
+from metering.money import currency_text
 from metering.periods import period_of
 
 
@@ -205,41 +205,6 @@ class InvoiceDrift:
             f"difference {money(self.difference_minor, signed=True)}\t"
             f"unaccounted {money(self.minor_of(self.unaccounted_micros), signed=True)}"
         )
-
-
-# "Zero-decimal" and "three-decimal" currencies — https://docs.stripe.com/currencies
-ZERO_DECIMAL = frozenset(
-    [
-        "bif",
-        "clp",
-        "djf",
-        "gnf",
-        "jpy",
-        "kmf",
-        "krw",
-        "mga",
-        "pyg",
-        "rwf",
-        "ugx",
-        "vnd",
-        "vuv",
-        "xaf",
-        "xof",
-        "xpf",
-    ]
-)
-THREE_DECIMAL = frozenset({"bhd", "jod", "kwd", "omr", "tnd"})
-
-
-def currency_text(minor: int, currency: str, signed: bool = False) -> str:
-    """Minor units as the CLI writes money (``describe_usd``'s rule: every digit needed),
-    with the currency's code."""
-    places = 0 if currency in ZERO_DECIMAL else 3 if currency in THREE_DECIMAL else 2
-    text = describe_usd(minor * 10 ** (6 - places))
-    if places == 0:
-        text = text.split(".")[0]
-    sign = "+" if signed and minor >= 0 else ""
-    return f"{sign}{text} {currency.upper()}"
 
 
 def stripe_invoices(

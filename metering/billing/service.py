@@ -8,9 +8,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+import stripe
 from sqlalchemy.engine import Engine
 
-from metering.billing import outbox, rejections, webhooks
+from metering.billing import outbox, rate_store, rates, rejections, webhooks
 from metering.billing.drift import (
     Difference,
     InvoiceDrift,
@@ -25,6 +26,7 @@ from metering.billing.drift import (
     stripe_invoices,
 )
 from metering.billing.gateway import StripeGateway
+from metering.billing.rates import BillingRate
 from metering.config import Settings
 from metering.db import raw_transaction
 from metering.errors import not_found
@@ -32,8 +34,11 @@ from metering.errors import not_found
 log = logging.getLogger("fairmeter.stripe")
 
 
-def link_customer(engine: Engine, tenant: str, customer: str, stripe_id: str) -> int:
-    """Set the customer's Stripe id; rows that waited for it become due. Returns their count."""
+def link_customer(
+    engine: Engine, tenant: str, customer: str, stripe_id: str, rate: BillingRate | None = None
+) -> int:
+    """Set the customer's Stripe id, and its billing rate when known (``latest_invoice_rate``
+    or the operator's); rows that waited for the id become due. Returns their count."""
     with raw_transaction(engine) as conn:
         result = conn.execute(
             "UPDATE customers SET stripe_customer_id = %s WHERE tenant_id = %s AND id = %s",
@@ -41,8 +46,26 @@ def link_customer(engine: Engine, tenant: str, customer: str, stripe_id: str) ->
         )
         if result.rowcount == 0:
             raise not_found(f"no customer {customer}", code="customer_not_found")
+        if rate is not None:
+            rate_store.store(conn, tenant, customer, rate)
         released: int = outbox.release_waiting(conn, tenant, customer)
         return released
+
+
+def latest_invoice_rate(settings: Settings, stripe_id: str) -> BillingRate | None:
+    """The rate of the customer's newest invoice that has a line on our meter ("List all
+    invoices", newest first — https://docs.stripe.com/api/invoices/list); None when Stripe
+    has no such invoice yet (its first invoice's webhooks will teach it)."""
+    gateway = StripeGateway(settings)
+    try:
+        gateway.meter_id()
+        for invoice in gateway.customer_invoices(stripe_id):
+            rate = rates.rate_of_invoice(gateway.metered_line_of(invoice), invoice)
+            if rate is not None:
+                return rate
+    except (stripe.StripeError, LookupError) as exc:
+        log.warning("billing rate not read from Stripe", extra={"why": str(exc)})
+    return None
 
 
 def handle_webhooks(engine: Engine, settings: Settings) -> int:
@@ -67,6 +90,7 @@ def handle_webhooks(engine: Engine, settings: Settings) -> int:
             if found is None:
                 continue  # left unhandled: a later pass reads settled summaries
             unsampled = found
+        rate = invoice_rate(settings, payload) if webhooks.learns_rate(type_, payload) else None
         with raw_transaction(engine) as conn:
             handled += webhooks.handle_one(
                 conn,
@@ -74,8 +98,25 @@ def handle_webhooks(engine: Engine, settings: Settings) -> int:
                 payload,
                 unit_micros=settings.stripe_meter_unit_micros,
                 unsampled=unsampled,
+                rate=rate,
             )
     return handled
+
+
+def invoice_rate(settings: Settings, payload: dict[str, Any]) -> BillingRate | None:
+    """The billing rate the event's invoice shows (its currency, our meter's line's price).
+    Finding our line may ask Stripe for prices; when that fails, or there is no meter or
+    line yet, nothing is learned now and the customer's next invoice teaches it."""
+    invoice = payload["data"]["object"]
+    try:
+        line = StripeGateway(settings).metered_line_of(invoice)
+        return rates.rate_of_invoice(line, invoice)
+    except (stripe.StripeError, LookupError, ValueError) as exc:
+        log.warning(
+            "billing rate not learned from invoice",
+            extra={"invoice": invoice.get("id"), "why": str(exc)},
+        )
+        return None
 
 
 def unsampled_rejections(

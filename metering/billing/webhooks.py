@@ -19,7 +19,8 @@ import psycopg
 import stripe
 from psycopg.types.json import Jsonb
 
-from metering.billing import rejections
+from metering.billing import rate_store, rejections
+from metering.billing.rates import BillingRate
 from metering.errors import bad_request
 
 log = logging.getLogger("fairmeter.stripe")
@@ -79,6 +80,8 @@ THIN_TYPES = frozenset({METER_ERROR_REPORT, NO_METER_FOUND})
 INVOICE_TYPES = frozenset(
     {"invoice.created", "invoice.finalized", "invoice.paid", "invoice.updated", "invoice.voided"}
 )
+# The invoice events a customer's billing rate is learned from (``learns_rate``).
+RATE_TYPES = frozenset({"invoice.created", "invoice.finalized"})
 
 
 def pending(conn: psycopg.Connection[Any], limit: int = 100) -> list[tuple[str, str, Any]]:
@@ -120,10 +123,13 @@ def handle_one(
     *,
     unit_micros: int = 1,
     unsampled: Sequence[str] = (),
+    rate: BillingRate | None = None,
 ) -> bool:
     """Handle one inbox event exactly once (a concurrent handler skips it); False if taken.
     ``unsampled``: identifiers a meter error report did not sample but the comparison with
-    Stripe's summaries showed rejected (service.handle_webhooks)."""
+    Stripe's summaries showed rejected (service.handle_webhooks). ``rate``: the billing rate
+    the invoice shows (``rates.rate_of_invoice``, read from Stripe before the transaction),
+    stored on the invoice's customer."""
     row = conn.execute(
         "SELECT type FROM stripe_webhook_inbox WHERE event_id = %s AND handled_at IS NULL "
         "FOR UPDATE SKIP LOCKED",
@@ -134,6 +140,10 @@ def handle_one(
     error = None
     if row[0] in INVOICE_TYPES:
         _track_invoice(conn, row[0], payload["data"]["object"])
+        if rate is not None:
+            rate_store.store_for_stripe_customer(
+                conn, str(payload["data"]["object"]["customer"]), rate
+            )
     elif row[0] in THIN_TYPES:
         waiting = rejections.in_flight(conn, payload, unsampled, datetime.now(UTC))
         if waiting is not None:
@@ -150,6 +160,14 @@ def handle_one(
         (datetime.now(UTC), error, event_id),
     )
     return True
+
+
+def learns_rate(type_: str, payload: dict[str, Any]) -> bool:
+    """Whether the event's invoice teaches its customer's billing rate: an invoice created
+    or finalized carries its currency and its lines ("The Invoice object" —
+    https://docs.stripe.com/api/invoices/object)."""
+    invoice = (payload.get("data") or {}).get("object") or {}
+    return type_ in RATE_TYPES and bool(invoice.get("customer")) and bool(invoice.get("currency"))
 
 
 def _track_invoice(conn: psycopg.Connection[Any], type_: str, invoice: dict[str, Any]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from decimal import Decimal
 
 import sqlalchemy as sa
 from sqlmodel import Field, SQLModel
@@ -45,14 +46,34 @@ class ApiKeyRow(SQLModel, table=True):
 
 
 class CustomerRow(SQLModel, table=True):
-    """A tenant's customer, created on its first event."""
+    """A tenant's customer, created on its first event.
+
+    Its billing rate — the invoice's currency and the Stripe price of one meter unit in it,
+    in minor units, exactly as Stripe gives it — converts ledger micros into what its invoice
+    says (docs/stripe.md, "Currency"); NULL until learned, stored whole, the latest wins."""
 
     __tablename__ = "customers"
+    __table_args__ = (
+        sa.CheckConstraint(
+            "(billing_currency IS NULL) = (billing_unit_amount_decimal IS NULL) "
+            "AND (billing_currency IS NULL) = (billing_rate_since IS NULL)",
+            name="billing_rate_whole",
+        ),
+        sa.CheckConstraint(
+            "billing_currency ~ '^[a-z]{3}$' AND billing_unit_amount_decimal >= 0",
+            name="billing_currency_iso",
+        ),
+    )
 
     tenant_id: str = Field(foreign_key="tenants.id", primary_key=True, max_length=64)
     id: str = Field(primary_key=True, max_length=128)
     stripe_customer_id: str | None = Field(default=None, max_length=255)
     created_at: datetime | None = timestamp_field(default_now=True)
+    billing_currency: str | None = Field(default=None, max_length=3)  # ISO 4217, lowercase
+    billing_unit_amount_decimal: Decimal | None = Field(
+        default=None, sa_column=sa.Column(sa.Numeric(), nullable=True)
+    )
+    billing_rate_since: datetime | None = timestamp_field(nullable=True)
 
 
 class ConsoleSessionRow(SQLModel, table=True):

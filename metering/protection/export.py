@@ -10,6 +10,7 @@ import csv
 import io
 from typing import Any
 
+from metering.billing.rates import invoice_document
 from metering.protection.report import (
     CREDIT_KINDS,
     RULE_NAMES,
@@ -54,8 +55,22 @@ def figures_document(figures: Figures) -> dict[str, Any]:
     }
 
 
+# What a customer's row says while its billing currency is not known.
+CURRENCY_UNKNOWN = (
+    "billing currency not known yet: learned from the customer's first invoice, or set with "
+    "`fairmeter stripe link-customer --currency … --unit-amount-decimal …`"
+)
+
+
 def _customer(row: CustomerProtection) -> dict[str, Any]:
-    return {"customer": row.customer_id, **figures_document(row.figures)}
+    """The row's figures in micro-USD, and ``invoice``: billed and credited in the customer's
+    billing currency (null, with ``invoice_note`` saying why, while it is not known)."""
+    return {
+        "customer": row.customer_id,
+        **figures_document(row.figures),
+        "invoice": None if row.invoice is None else invoice_document(row.invoice),
+        "invoice_note": CURRENCY_UNKNOWN if row.invoice is None else None,
+    }
 
 
 def report_document(report: ProtectionReport) -> dict[str, Any]:
@@ -63,7 +78,7 @@ def report_document(report: ProtectionReport) -> dict[str, Any]:
     return {
         "tenant": report.tenant_id,
         "period": report.period,
-        "currency": "usd",
+        "currency": "usd",  # every *_micros figure; a customer's ``invoice`` says its own
         "rules": dict(RULE_NAMES),
         "total": figures_document(report.total),
         "customers": [_customer(c) for c in report.customers],

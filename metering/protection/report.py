@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from metering.billing.rates import InvoiceFigures
 from metering.money import round_half_even_div
 
 RULES = ("R1", "R2", "R3", "R4", "R5")
@@ -124,6 +125,8 @@ class Figures:
 class CustomerProtection:
     customer_id: str
     figures: Figures
+    # Billed and credited in the customer's billing currency; None while it is not known.
+    invoice: InvoiceFigures | None = None
 
 
 @dataclass(frozen=True, slots=True)
