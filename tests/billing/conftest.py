@@ -55,11 +55,35 @@ def stripe_settings(settings: Settings, emulator: EmulatorServer) -> Settings:
     )
 
 
+class PatientClient(stripe.RequestsClient):
+    """The SDK's own client, retrying a 429 as "Rate limits" advises ("watch for 429 status
+    codes and build in a retry mechanism … exponential backoff"); the SDK leaves that to
+    its caller."""
+
+    def _should_retry(
+        self,
+        response: Any,
+        api_connection_error: Any,
+        num_retries: int,
+        max_network_retries: int | None,
+    ) -> bool:
+        if response is not None and response[1] == 429:
+            return num_retries < (max_network_retries or 0)
+        return bool(
+            super()._should_retry(response, api_connection_error, num_retries, max_network_retries)
+        )
+
+
 @pytest.fixture
 def sdk(emulator: EmulatorServer) -> stripe.StripeClient:
+    """The test's own client: it shares the sandbox rate limit with the pusher, so it
+    retries a 429 as the SDK does (with backoff)."""
     url = emulator.url
     return stripe.StripeClient(
-        "sk_test_x", base_addresses={"api": url, "meter_events": url}, max_network_retries=3
+        "sk_test_x",
+        base_addresses={"api": url, "meter_events": url},
+        max_network_retries=8,
+        http_client=PatientClient(),
     )
 
 
