@@ -58,8 +58,9 @@ def replayed_server_error(exc: Exception) -> bool:
 
 def used_with_other_parameters(exc: Exception) -> bool:
     """Stripe refused an idempotency key first used with other parameters ("Idempotent
-    requests": "compares incoming parameters to those of the original request and errors
-    if they're not the same"): the earlier request with that key was executed."""
+    requests": "The idempotency layer compares incoming parameters to those of the original
+    request and errors if they're not the same"; it saves results "only after the execution
+    of an endpoint begins"): the earlier request with that key was executed."""
     return isinstance(exc, stripe.IdempotencyError)
 
 

@@ -4,9 +4,11 @@ Each customer's rows are sent one after another (Stripe allows one concurrent me
 call per customer and meter); different customers go in parallel threads. Retryable errors
 reschedule the row with jittered exponential backoff through ``next_attempt_at`` (no long
 task countdowns); a duplicate identifier means Stripe already has the event; any other 4xx
-parks the row as ``dead`` with the error kept. A replayed 5xx, or a row still retrying near
-the end of Stripe's 24 h idempotency window, is reconciled against Stripe (reconcile.py)
-before anything is resent, then resent under a new generation of keys and identifiers.
+parks the row as ``dead`` with the error kept. A replayed 5xx is answered by a probe: the
+same identifier under a fresh key, which Stripe refuses as a duplicate if the first attempt
+landed. A row still retrying at the end of Stripe's 24 h idempotency window sends nothing
+more; once Stripe's summaries can be trusted it is reconciled (reconcile.py), and only a
+proof that nothing landed resends it, under a new generation of keys and identifiers.
 A credit note (credit_notes.py) waits, without holding the customer's other rows, until
 its invoice is finalized.
 Sending a step and judging its outcome live in step_sender.py, planning a round's new rows
