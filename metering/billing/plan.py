@@ -214,7 +214,8 @@ def plan(request: PlanInput) -> tuple[list[Step], dict[str, int]]:
     resend = request.target_micros - (total - sum(e.micros for e in movable))
     stamp = meter_timestamp(request.event_time, now, periods)
     if movable and resend >= 0:
-        return _cancel_and_resend(request, carries, movable, identifier, resend, stamp), carries
+        steps = _cancel_and_resend(request, carries, movable, identifier, resend, stamp)
+        return steps + _settle_rounding(carries, identifier, steps, unit), carries
     if gap > 0:
         return [_meter_event(carries, identifier, gap, unit, stamp)], carries
     steps = _cancel_and_resend(request, carries, movable, identifier, 0, stamp)
@@ -224,7 +225,7 @@ def plan(request: PlanInput) -> tuple[list[Step], dict[str, int]]:
     else:
         fixed = [e for e in live if e not in movable]
         steps += _credit_notes(request, carries, identifier, decrease, fixed)
-    return steps, carries
+    return steps + _settle_rounding(carries, identifier, steps, unit), carries
 
 
 def _dated(event: Sent, request: PlanInput) -> datetime:
@@ -273,6 +274,38 @@ def _cancel_and_resend(
     if resend > 0:
         steps.append(_meter_event(carries, identifier, resend, request.unit_micros, stamp))
     return steps
+
+
+def _settle_rounding(
+    carries: dict[str, int], identifier: str, steps: list[Step], unit: int
+) -> list[Step]:
+    """Bring back into ``[0, unit)`` the carry of each period a cancel left outside it.
+
+    A cancel takes back exactly the event's units, so the rounding that event took stays in
+    the carry; with other runs' events in the period meanwhile, Stripe can then hold one
+    unit more or less than ⌊Σ micros / unit⌋. One unit too few is a 0-micro meter event of
+    the missing units (the period is open: only open periods' events are cancelled); one too
+    many is a 0-micro credit note of the extra units on that period's invoice, sent once it
+    is final."""
+    settled = []
+    for step in steps:
+        moment = step_moment(step)
+        label = period_label(moment)
+        if step.kind != "meter_cancel" or 0 <= carries.get(label, 0) < unit:
+            continue
+        units = _units(carries, moment, 0, unit)
+        kind = "meter_event" if units > 0 else "credit_note"
+        name = f"{identifier}:rounding:{label}"
+        settled.append(
+            Step(
+                kind,
+                name if units > 0 else f"credit_note:{name}",
+                0,
+                units=abs(units),
+                timestamp=step.timestamp,
+            )
+        )
+    return settled
 
 
 def _credit_notes(

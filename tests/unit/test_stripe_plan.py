@@ -137,6 +137,7 @@ def test_stripe_ends_at_the_target_exactly_whatever_the_history(targets, ages, u
         )
         sent += [delivered(s, now - timedelta(hours=age)) for s in steps]
         all_steps += steps
+        assert all(0 <= micros < unit for micros in carry.values())  # ⌊Σ micros / unit⌋
         assert sent_total(sent) == target
     # Per period, Σ signed units × unit + carry = Σ micros: one carry for events, cancels and
     # credit notes together.

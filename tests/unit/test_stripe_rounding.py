@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from metering.billing.credit_notes import payment_split
 from metering.billing.gateway import InvoiceView
-from metering.billing.plan import BillingPeriods, PlanInput, Sent, plan
+from metering.billing.plan import BillingPeriods, PlanInput, Sent, period_label, plan, step_moment
 from metering.billing.rounding import credit_note_minor, line_minor, to_units
 
 MICRO_PRICE = Decimal("0.0001")  # one micro-USD unit priced in cents (unit_micros = 1)
@@ -133,3 +133,65 @@ def test_a_decrease_spanning_two_invoices_is_credited_on_each():
     ]
     assert [datetime.fromtimestamp(s.timestamp, UTC) for s in steps] == [JAN, DEC]
     assert carries == {"2027-01": 0, "2026-12": 0}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    unit=st.sampled_from([7, 1_000, 10_000]),
+    history=st.lists(
+        # Targets in fifths of a unit pile up remainders; most corrections come within 24 h.
+        st.tuples(st.integers(0, 2), st.integers(0, 12), st.sampled_from([0, 0, 1, 30])),
+        min_size=1,
+        max_size=12,
+    ),
+)
+def test_runs_sharing_a_period_bill_the_floor_of_its_micros_after_every_correction(unit, history):
+    """Three runs of one customer in one open period, corrected in any order and at any age
+    (fresh events are cancelled and resent, older ones credited): after every plan each
+    period's carry is in [0, unit), so Stripe holds ⌊Σ micros / unit⌋ units there once its
+    notes are issued — a cancel alone used to leave one unit too many or too few."""
+    start = datetime(2026, 11, 3, tzinfo=UTC)
+    now = start
+    carries: dict[str, int] = {}
+    sent: dict[int, list[Sent]] = {0: [], 1: [], 2: []}
+    versions = {0: 0, 1: 0, 2: 0}
+    steps_seen = []
+    for run, fifths, hours in history:
+        target = fifths * 3 * unit // 5
+        now += timedelta(hours=hours)
+        versions[run] += 1
+        steps, carries = plan(
+            PlanInput(
+                run_id=run,
+                version=versions[run],
+                target_micros=target,
+                sent=sent[run],
+                now=now,
+                carries=carries,
+                event_time=start + timedelta(minutes=run),
+                unit_micros=unit,
+                periods=BillingPeriods(),
+            )
+        )
+        for step in steps:
+            moment = datetime.fromtimestamp(step.timestamp, UTC)
+            sent[run].append(
+                Sent(
+                    step.kind,
+                    step.identifier,
+                    step.micros,
+                    step.units,
+                    now,
+                    step.cancels_identifier,
+                    moment,
+                )
+            )
+        steps_seen += steps
+        assert all(0 <= micros < unit for micros in carries.values())
+    for label, carry in carries.items():
+        here = [s for s in steps_seen if period_label(step_moment(s)) == label]
+        units = sum(s.units if s.kind == "meter_event" else -s.units for s in here)
+        assert (
+            units == sum(s.micros for s in here) // unit
+            and carry == sum(s.micros for s in here) % unit
+        )
