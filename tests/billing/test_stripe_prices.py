@@ -74,3 +74,43 @@ def test_credit_note_goes_on_our_meters_line_when_the_customer_has_two_metered_p
         == billed_minor(db, "cust-p")
         == {START.strftime("%Y-%m"): 100}
     )
+
+
+def test_credit_note_finds_our_line_past_the_first_page_of_a_long_invoice(
+    engine, stripe_settings: Settings, db, control, link, sdk, webhook_api
+):
+    """A retrieved invoice embeds only its first lines ("the first handful", with `has_more`);
+    our meter's line is the twelfth here, and the credit note still goes on it."""
+    invoicing = start_invoicing(
+        stripe_settings, control, webhook_api, emulator={"default_currency": "eur"}
+    )
+    settings, clocks = invoicing.settings, invoicing.clocks
+    others = [meter_with_price(sdk, f"other_usage_{n}")[0] for n in range(11)]
+    our_meter, our_price = meter_with_price(sdk, settings.stripe_meter_event_name)
+    big_run(engine, settings, "run-l", "cust-l")  # 120 units
+    stripe_id = link("cust-l")
+    control.subscribe(stripe_id, currency="eur", unit_amount=1, meters=[*others, our_meter])
+    pusher = invoicing.pusher(engine)
+    drain(pusher, engine)
+    finalize_month_of(START, clocks, engine, settings)
+
+    credit(engine, settings, "run-l", 200_000, datetime.now(UTC))
+    drain(pusher, engine)
+
+    (invoice,) = sdk.v1.invoices.list(params={"customer": stripe_id}).data
+    assert invoice.lines.has_more and len(invoice.lines.data) < 12
+    lines = sdk.v1.invoices.line_items.list(invoice.id, params={"limit": 100}).data
+    (ours,) = [
+        line.id
+        for line in lines
+        if line.pricing is not None
+        and line.pricing.price_details is not None
+        and line.pricing.price_details.price == our_price
+    ]
+    (note,) = sdk.v1.credit_notes.list(params={"customer": stripe_id}).data
+    assert [line.invoice_line_item for line in note.lines.data] == [ours]
+    assert (
+        invoiced_minor(sdk, stripe_id)
+        == billed_minor(db, "cust-l")
+        == {START.strftime("%Y-%m"): 100}
+    )
