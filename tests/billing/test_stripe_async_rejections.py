@@ -71,7 +71,9 @@ def test_async_rejection_is_found_beyond_the_samples_retried_and_invoiced_once(
         control,
         webhook_api,
         emulator={"validation_mode": "async"},
-        stripe_summary_trust_s=0.0,  # the emulator's summaries do not lag here
+        # Every event of this customer is rejected, so a lagging summary has nothing to hide;
+        # waiting out the trust window is test_stripe_lagging_rejections.py's subject.
+        stripe_summary_trust_s=0.0,
     )
     billing = invoicing.settings
     for number in range(RUNS):
