@@ -1,4 +1,5 @@
-"""Claiming due outbox rows for a push round (DESIGN §5): one sender per customer at a time.
+"""Claiming due outbox rows for a push round: one sender per customer at a time (the rule
+is in docs/stripe.md, "One sender per customer").
 
 A claim takes a lease on each customer it picks (``stripe_customer_leases``) and claims
 that customer's due rows; customers whose lease is in force are skipped. The lease is the

@@ -20,6 +20,10 @@ from metering.billing.ratelimit import RateLimiter, shared_limiter
 from metering.billing.transport import KeepAliveClient
 from metering.config import Settings
 
+# What a failed Stripe call raises, for the callers that only need to know it failed: the
+# SDK stays behind this module.
+StripeFailure = stripe.StripeError
+
 
 class Verdict(Enum):
     DELIVERED = "delivered"  # Stripe already has it (duplicate identifier)

@@ -8,7 +8,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
-import stripe
 from sqlalchemy.engine import Engine
 
 from metering.billing import outbox, rate_store, rates, rejections, webhooks
@@ -25,7 +24,7 @@ from metering.billing.drift import (
     stripe_hourly,
     stripe_invoices,
 )
-from metering.billing.gateway import StripeGateway
+from metering.billing.gateway import StripeFailure, StripeGateway
 from metering.billing.rates import BillingRate
 from metering.config import Settings
 from metering.db import raw_transaction
@@ -63,7 +62,7 @@ def latest_invoice_rate(settings: Settings, stripe_id: str) -> BillingRate | Non
             rate = rates.rate_of_invoice(gateway.metered_line_of(invoice), invoice)
             if rate is not None:
                 return rate
-    except (stripe.StripeError, LookupError) as exc:
+    except (StripeFailure, LookupError) as exc:
         log.warning("billing rate not read from Stripe", extra={"why": str(exc)})
     return None
 
@@ -111,7 +110,7 @@ def invoice_rate(settings: Settings, payload: dict[str, Any]) -> BillingRate | N
     try:
         line = StripeGateway(settings).metered_line_of(invoice)
         return rates.rate_of_invoice(line, invoice)
-    except (stripe.StripeError, LookupError, ValueError) as exc:
+    except (StripeFailure, LookupError, ValueError) as exc:
         log.warning(
             "billing rate not learned from invoice",
             extra={"invoice": invoice.get("id"), "why": str(exc)},

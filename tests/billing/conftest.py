@@ -49,7 +49,6 @@ def stripe_settings(settings: Settings, emulator: EmulatorServer) -> Settings:
             "stripe_push_lease_s": 2,
             "stripe_webhook_secret": SNAPSHOT_SECRET,
             "stripe_thin_webhook_secret": THIN_SECRET,
-            "stripe_summary_lag_s": 0.0,
             "stripe_rate_limit_per_s": 25.0,  # a sandbox key's rate ("Rate limits")
         }
     )

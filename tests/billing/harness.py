@@ -139,9 +139,7 @@ def link_unknown_to_stripe(engine: Any, customer: str) -> None:
 
 
 def invoicing_settings(stripe_settings: Settings, **changes: Any) -> Settings:
-    return stripe_settings.model_copy(
-        update={"stripe_meter_unit_micros": UNIT_MICROS, "stripe_summary_lag_s": 0.0, **changes}
-    )
+    return stripe_settings.model_copy(update={"stripe_meter_unit_micros": UNIT_MICROS, **changes})
 
 
 def subscribe_destinations(control: EmulatorControl, api: str) -> None:
