@@ -248,8 +248,12 @@ def stored_runs(db: Any) -> int:
     return int(count)
 
 
-def settled_runs(db: Any) -> int:
-    (count,) = db.execute("SELECT count(*) FROM runs WHERE decision_version > 0").fetchone()
+def settled_runs(db: Any, *, prefix: str = "") -> int:
+    """Runs decided so far; with ``prefix``, only one workload's (its subjects start so)."""
+    (count,) = db.execute(
+        "SELECT count(*) FROM runs WHERE decision_version > 0 AND subject LIKE %s",
+        (f"{prefix}%",),
+    ).fetchone()
     return int(count)
 
 
