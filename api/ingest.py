@@ -1,4 +1,4 @@
-"""POST /v1/events — the ingest endpoint (DESIGN §1)."""
+"""POST /v1/events — the ingest endpoint (docs/events.md)."""
 
 from __future__ import annotations
 

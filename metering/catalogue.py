@@ -1,4 +1,4 @@
-"""The event catalogue of DESIGN §1: which ``data`` fields each event type takes.
+"""The event catalogue of docs/events.md: which ``data`` fields each event type takes.
 
 Unknown ``data`` fields are refused: a typo such as ``output_token`` would otherwise be
 silently dropped and the run under-billed.

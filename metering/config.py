@@ -52,7 +52,7 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("STRIPE_API_KEY", "FAIRMETER_STRIPE_API_KEY"),
     )
 
-    # Stripe (DESIGN §5). Without an API base the official API is used; `make up` and the
+    # Stripe (docs/stripe.md). Without an API base the official API is used; `make up` and the
     # tests point it at the bundled emulator.
     stripe_api_base: str | None = None
     stripe_meter_event_name: str = "fairmeter_billed_micros"
@@ -117,7 +117,7 @@ class Settings(BaseSettings):
     # evicted first), so a flood of forged ids cannot push the real keys out.
     key_cache_max_ids: int = 10_000
 
-    # Ingest limits (DESIGN §1).
+    # Ingest limits (docs/events.md).
     max_batch_events: int = 1000
     max_body_bytes: int = 1024 * 1024
     max_future_skew_s: int = 300
@@ -134,12 +134,12 @@ class Settings(BaseSettings):
     ingest_group_max_events: int = 1000
     ingest_group_flushes: int = 1
 
-    # Settlement windows (DESIGN §2).
+    # Settlement windows (docs/policy.md).
     settle_grace_s: int = 120
     resume_window_s: int = 900
     idle_timeout_s: int = 3600
 
-    # The sweeper (DESIGN §2, STYLE rule 5): it claims due runs with a lease, hands them to
+    # The sweeper (docs/policy.md): it claims due runs with a lease, hands them to
     # workers in chunks, and parks a run that fails this many times in a row.
     sweep_interval_s: float = 1.0
     sweep_batch_size: int = 5000

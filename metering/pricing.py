@@ -57,7 +57,7 @@ class PricedUsage:
 
 
 def line_cost_micros(tokens: int, micros_per_mtok: int) -> int:
-    """DESIGN §4: round_half_even(tokens × price_per_mtok / 1e6), in integers."""
+    """docs/policy.md: round_half_even(tokens × price_per_mtok / 1e6), in integers."""
     if tokens < 0 or micros_per_mtok < 0:
         raise ValueError("tokens and prices are never negative")
     return round_half_even_div(tokens * micros_per_mtok, TOKENS_PER_PRICE_UNIT)

@@ -296,7 +296,7 @@ def ledger_position(
     history. Usage that arrived after the decision in force is held too (the ledger has its
     holds and nothing posted against them) until the run settles again, so
     ``gross = billed + credited + held`` at every moment. ``None`` for all three until the
-    run is first settled (DESIGN §6).
+    run is first settled (docs/policy.md).
     """
     if decision is None:
         return None, None, None

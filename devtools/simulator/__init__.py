@@ -1,4 +1,4 @@
-"""Traffic simulator: realistic agent runs sent through the client, checked against DESIGN §3.
+"""Traffic simulator: realistic agent runs sent through the client, checked against docs/policy.md.
 
 ``fairmeter simulate`` (and ``fairmeter up``'s demo) plans runs of every kind — clean
 completions, duplicate tool calls, client and server drops, resumes with replayed context

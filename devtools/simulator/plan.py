@@ -3,7 +3,7 @@
 Same :class:`TrafficSpec` → same traffic: every run draws from its own generator seeded by
 ``(seed, index)``, and all times are offsets from ``spec.anchor``.
 
-Times (DESIGN §2 windows, see :class:`Timing`): runs with a terminal event end between
+Times (docs/policy.md windows, see :class:`Timing`): runs with a terminal event end between
 ``recent_span_s`` and ``min_age_s`` before the anchor (``min_age_s`` > the settle grace, so
 they are due once sent, and their events are younger than the idle timeout, so a run is not
 settled as abandoned while only part of it has arrived); abandoned runs go quiet more than

@@ -5,7 +5,7 @@ arguments, ``at`` (when it happened) included. Nothing here touches a clock, a f
 network: the same ``random.Random`` state gives the same calls. Every call carries an
 explicit natural key (``key=``), so event ids never depend on the spool's per-run sequence.
 
-Each :class:`Kind` has the outcome DESIGN §3 gives it by construction (``INTENDED``); the
+Each :class:`Kind` has the outcome docs/policy.md gives it by construction (``INTENDED``); the
 expected-outcome module computes it independently with the policy and a test checks that
 both agree.
 """

@@ -173,7 +173,7 @@ def within_any(periods: Sequence[tuple[datetime, datetime]], moment: datetime) -
 
 
 def identifier_for(run_id: int, version: int) -> str:
-    """DESIGN §5: ``run:<run>:v<version>`` (well under Stripe's 100 characters)."""
+    """docs/stripe.md: ``run:<run>:v<version>`` (well under Stripe's 100 characters)."""
     return f"run:{run_id}:v{version}"
 
 

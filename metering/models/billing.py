@@ -20,7 +20,7 @@ OUTBOX_STATUSES = ("pending", "waiting_customer", "sent", "dead", "superseded")
 
 
 class StripeOutboxRow(SQLModel, table=True):
-    """One decision version whose billed amount must reach Stripe (DESIGN §5).
+    """One decision version whose billed amount must reach Stripe (docs/stripe.md).
 
     Written in the settlement transaction. The pusher turns it into a persisted ``plan`` of
     Stripe calls (meter event, cancel, balance credit) and walks it step by step, so a crash

@@ -1,4 +1,4 @@
-"""The append-only ledger (DESIGN §4).
+"""The append-only ledger (docs/policy.md).
 
 Ingest writes one ``hold`` per usage line. Settlement ``post``s the billed part and
 ``release``s the credited part; support and late evidence add signed ``correction`` entries

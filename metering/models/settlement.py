@@ -1,4 +1,4 @@
-"""Decisions: numbered, immutable versions per run; the newest is in force (DESIGN §4)."""
+"""Decisions: numbered, immutable versions per run; the newest is in force (docs/policy.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Settlement policy v1 (DESIGN §3): pure, RunFacts → Decision. No I/O, no database.
+"""Settlement policy v1 (docs/policy.md): pure, RunFacts → Decision. No I/O, no database.
 
 Modules: ``facts`` (inputs and outputs), ``timeline`` (canonical view of a run's facts),
 ``duplicates`` (R1–R3), ``ending`` (R0, R4–R7), ``cap`` (R8), ``explain`` (customer

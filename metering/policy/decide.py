@@ -1,4 +1,4 @@
-"""``decide``: the settlement policy v1 (DESIGN §3) as one pure function."""
+"""``decide``: the settlement policy v1 (docs/policy.md) as one pure function."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ DEFAULT_CONFIG = BUILT_IN_POLICY
 
 
 def outcome_for(billed_micros: int, credited_micros: int) -> str:
-    """DESIGN §2: the outcome follows the amounts (a run with no usage is confirmed)."""
+    """docs/policy.md: the outcome follows the amounts (a run with no usage is confirmed)."""
     if credited_micros == 0:
         return CONFIRMED
     if billed_micros == 0:
@@ -40,7 +40,7 @@ def outcome_for(billed_micros: int, credited_micros: int) -> str:
 
 
 def status_for(ending: Ending, outcome: str, billed_micros: int, credited_micros: int) -> str:
-    """The DESIGN §2 status word of the settled run."""
+    """The docs/policy.md status word of the settled run."""
     if outcome == HELD_FOR_REVIEW:
         return UNDER_REVIEW
     if ending is Ending.COMPLETED:
@@ -115,7 +115,7 @@ def _no_usage(timeline: Timeline, ruling: EndingRuling, explained: bool) -> Deci
 def decide(
     facts: RunFacts, config: PolicyConfig = DEFAULT_CONFIG, *, explained: bool = True
 ) -> Decision:
-    """Settle one run by the rules of DESIGN §3.
+    """Settle one run by the rules of docs/policy.md.
 
     Pure and deterministic: the same set of events and usage lines, in any order and with
     any duplicates, gives an identical Decision (explanation included). R1–R3 name lines

@@ -1,4 +1,4 @@
-"""Pure: the status words a user sees for a run (DESIGN §2).
+"""Pure: the status words a user sees for a run (docs/policy.md).
 
 Unsettled runs are read off their events in time order; settled runs off their decision.
 """
@@ -14,7 +14,7 @@ AGENT_RUNNING: Final = "Agent still running"
 CONNECTION_INTERRUPTED: Final = "Connection interrupted"
 RECONNECTING: Final = "Reconnecting"
 RESUMING: Final = "Resuming from checkpoint"
-# Not in DESIGN §2's table: a run whose terminal event is in but whose settlement grace has
+# Not in docs/policy.md's table: a run whose terminal event is in but whose settlement grace has
 # not passed yet. Showing "Completed" or "Run failed — usage restored" before the policy has
 # decided would promise an outcome we might not give.
 SETTLING: Final = "Finished — settling usage"
@@ -25,7 +25,7 @@ FAILED_RESTORED: Final = "Run failed — usage restored"
 FAILED_PARTIAL: Final = "Run failed — partially credited"
 FAILED_CHARGED: Final = "Run failed — charged"
 UNDER_REVIEW: Final = "Under review"
-# Not in DESIGN §2's table either: a settled run that events arrived for afterwards. What the
+# Not in docs/policy.md's table either: a settled run that events arrived for afterwards. What the
 # decision billed or credited stands, but the late usage is only held until the run settles
 # again, so "Under review" or the old outcome's words would claim a decision nobody made.
 RESETTLING: Final = "Late events arrived — settling again"

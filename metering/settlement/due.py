@@ -1,4 +1,4 @@
-"""When a run is due for settlement (DESIGN §2), and claiming due runs for the workers.
+"""When a run is due for settlement (docs/policy.md), and claiming due runs for the workers.
 
 A run is due at the earliest of: terminal event + ``settle_grace``; an open
 ``connection.lost`` + ``resume_window`` (open = no restore, resume or usage after it); last

@@ -213,7 +213,7 @@ def line_change(record: repo.DecisionRecord) -> LineChange:
 def _billing_changes(
     runs: Sequence[repo.LockedRun], records: Sequence[repo.DecisionRecord]
 ) -> list[outbox.OutboxRow]:
-    """Outbox rows for decisions that change what the customer is billed (DESIGN §5)."""
+    """Outbox rows for decisions that change what the customer is billed (docs/stripe.md)."""
     billed_before = {r.run_id: r.billed_micros for r in runs}
     return [
         outbox.OutboxRow(

@@ -1,4 +1,4 @@
-"""GET /v1/runs/{run}: the status words of DESIGN §2 and the tentative money of a live run."""
+"""GET /v1/runs/{run}: the status words of docs/policy.md and the tentative money of a live run."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Runs of each kind, as event lists, with the outcome DESIGN §3 gives them."""
+"""Runs of each kind, as event lists, with the outcome docs/policy.md gives them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""When runs become due (DESIGN §2), at the boundary seconds, with a frozen clock."""
+"""When runs become due (docs/policy.md), at the boundary seconds, with a frozen clock."""
 
 from __future__ import annotations
 

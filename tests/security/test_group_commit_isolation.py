@@ -1,4 +1,4 @@
-"""One tenant's bad input never changes another tenant's reply (issue #13 §1, STYLE rule 15).
+"""One tenant's bad input never changes another tenant's reply (issue #13 §1).
 
 Concurrent small ingest requests of one API process share a transaction (group commit).
 Here tenant A sends every bad value of issue #13 §5 (and every value PostgreSQL cannot

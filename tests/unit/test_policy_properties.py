@@ -1,4 +1,4 @@
-"""Invariants of the settlement policy over realistic generated runs (DESIGN §3)."""
+"""Invariants of the settlement policy over realistic generated runs (docs/policy.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Settlement policy v1 (DESIGN §3), rule by rule, amounts exact to the micro-dollar."""
+"""Settlement policy v1 (docs/policy.md), rule by rule, amounts exact to the micro-dollar."""
 
 from __future__ import annotations
 

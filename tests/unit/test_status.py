@@ -1,4 +1,4 @@
-"""Pure live status of an unsettled run (DESIGN §2)."""
+"""Pure live status of an unsettled run (docs/policy.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Building the CloudEvents of DESIGN §1 (structured-mode dicts), with early checks.
+"""Building the CloudEvents of docs/events.md (structured-mode dicts), with early checks.
 
 The checks mirror the server's catalogue so a typo fails at the call site with a
 ``ValueError`` instead of turning into a dead letter minutes later. What only the server

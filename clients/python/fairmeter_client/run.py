@@ -1,4 +1,4 @@
-"""A run-scoped reporter: one method per event type of DESIGN §1.
+"""A run-scoped reporter: one method per event type of docs/events.md.
 
 Every method writes its event to the durable spool before it returns and returns the
 event's id. Ids are stable (see :mod:`fairmeter_client.ids`): calling a method again with the
@@ -18,7 +18,7 @@ Keywords every method takes:
 Leaving a ``with meter.run(...)`` block — normally or by an exception — reports nothing by
 itself: there is no invented ``run.failed``. A backend that dies mid-run cannot know why,
 and a guessed cause would be taken as evidence by the settlement policy. A run without a
-terminal event is treated as abandoned after the server's idle timeout (DESIGN §2) and
+terminal event is treated as abandoned after the server's idle timeout (docs/policy.md) and
 settled by the rules for abandoned runs (§3: refunded or partly credited with a verified
 interruption, else held for review).
 """

@@ -1,4 +1,4 @@
-"""The simulator: reproducible traffic, and a real service that settles it as DESIGN §3 says."""
+"""The simulator: reproducible traffic, and a real service that settles it as docs/policy.md says."""
 
 from __future__ import annotations
 
