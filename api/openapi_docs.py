@@ -137,7 +137,7 @@ _EVENT = Schema(
             type=OpenAPIType.OBJECT,
             required=["customer"],
             properties={"customer": _id(IdKind.CUSTOMER)},
-            description="The fields of the event type (docs/events.md); unknown fields are refused.",
+            description="The fields of the event type (docs/events.md); unknown ones are refused.",
         ),
     },
     description="A CloudEvent 1.0 (docs/events.md). Extension attributes are flat strings.",

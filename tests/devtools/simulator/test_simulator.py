@@ -1,4 +1,4 @@
-"""The simulator: reproducible traffic, and a real service that settles it as docs/policy.md says."""
+"""The simulator: reproducible traffic, and a real service settling it as docs/policy.md says."""
 
 from __future__ import annotations
 
