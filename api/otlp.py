@@ -14,6 +14,7 @@ import zlib
 from datetime import UTC, datetime
 from typing import Any, Final
 
+import psycopg
 from anyio import to_thread
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
@@ -26,21 +27,31 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from api.auth import bearer_key
 from api.cloudevents_http import media_type
+from api.heavy import Heavy, heavy_request
 from api.ingest import store_request
+from api.ingest_group import ALONE_ATTEMPTS, UNSTORABLE
 from api.metrics import record_ingest, record_rejection, record_spans
 from api.openapi_docs import TracesOperation, keys
 from api.otlp_errors import JSON, OTLP_EXCEPTION_HANDLERS, PROTOBUF, TRACES_PATH
 from api.ratelimit import spend_event_budget
 from api.services import Services
-from metering.errors import MeteringError, bad_request, payload_too_large, unsupported_media_type
-from metering.ingest.service import PreparedRequest
+from metering.db import QueryGuard, bounded_transaction
+from metering.errors import (
+    MeteringError,
+    bad_request,
+    payload_too_large,
+    unstorable_value,
+    unsupported_media_type,
+)
+from metering.ingest.service import PreparedRequest, store_prepared
 from metering.ingest.spans import (
     PreparedSpans,
     by_run,
     partial_success_message,
     prepare_spans,
 )
-from metering.keys import Scope
+from metering.ingest.store import IngestResult
+from metering.keys import Principal, Scope
 from metering.otlp import decode_otlp_json, map_spans
 
 # A gzip body may inflate to this many times the request body limit, and no further: a few
@@ -58,27 +69,41 @@ MAX_INFLATION: Final = 16
     operation_class=TracesOperation,
 )
 async def post_traces(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
-    """Durable before the reply: the accepted spans' events are committed when this returns."""
+    """Durable before the reply: the accepted spans' events are committed when this returns.
+
+    An export runs in one of its tenant's slots (``otlp_concurrent_exports_per_tenant``,
+    429 beyond) and is cancelled in PostgreSQL when its exporter disconnects or
+    ``otlp_export_timeout_s`` has passed (api/heavy.py)."""
     services: Services = state.services
     encoding = media_type(request.headers.get("content-type", ""))
     body = await request.body()
-    prepared, reasons = await to_thread.run_sync(_prepare, request, body, encoding, services)
-    events = len(prepared.request.events)
-    await spend_event_budget(services.limiter, bearer_key(request), events)
-    refused_at_store = await _store(prepared.request, services) if events else []
+    # first: 401 before 415, and before a slot is taken
+    principal = await to_thread.run_sync(services.authenticate, request, Scope.INGEST)
+    heavy = Heavy.otlp_export(services.settings)
+    async with heavy_request(request, services, heavy, principal.tenant_id) as guard:
+        prepared, reasons = await to_thread.run_sync(
+            _prepare, principal, request, body, encoding, services
+        )
+        events = len(prepared.request.events)
+        await spend_event_budget(services.limiter, bearer_key(request), events)
+        refused_at_store = await _store(prepared.request, services, guard) if events else []
     record_spans("accepted", "", events - len(refused_at_store))  # stored, or stored before
     record_spans("rejected", "refused_by_ingest", len(prepared.refused) + len(refused_at_store))
     return _reply(encoding, [*reasons, *prepared.refused, *refused_at_store])
 
 
 def _prepare(
-    request: Request[Any, Any, Any], body: bytes, encoding: str, services: Services
+    principal: Principal,
+    request: Request[Any, Any, Any],
+    body: bytes,
+    encoding: str,
+    services: Services,
 ) -> tuple[PreparedSpans, list[str]]:
-    principal = services.authenticate(request, Scope.INGEST)  # first: 401 before 415
     try:
         if encoding not in (PROTOBUF, JSON):
             raise unsupported_media_type(f"send OTLP/HTTP as {PROTOBUF} or {JSON}")
         export = _decode(_inflated(request, body, services.settings.max_body_bytes), encoding)
+        _check_span_count(export, services.settings.otlp_max_spans_per_request)
     except MeteringError as exc:
         record_rejection(1, exc.code)
         raise
@@ -126,7 +151,19 @@ def _decode(body: bytes, encoding: str) -> ExportTraceServiceRequest:
     return export
 
 
-async def _store(prepared: PreparedRequest, services: Services) -> list[str]:
+def _check_span_count(export: ExportTraceServiceRequest, max_spans: int) -> None:
+    """413 for an export of more than ``max_spans`` spans, all of them counted (GenAI or
+    not): one export is one transaction holding its runs' locks, and a bounded one keeps
+    that short. Exporters split a batch that is too large into several requests."""
+    spans = sum(len(s.spans) for r in export.resource_spans for s in r.scope_spans)
+    if spans > max_spans:
+        raise payload_too_large(
+            f"an export holds at most {max_spans} spans, this one {spans}: "
+            f"export smaller batches (e.g. OTEL_BSP_MAX_EXPORT_BATCH_SIZE, 512 by default)"
+        )
+
+
+async def _store(prepared: PreparedRequest, services: Services, guard: QueryGuard) -> list[str]:
     """Store the events as ``POST /v1/events`` stores a request (group commit included);
     reasons for the spans of the runs the store refused.
 
@@ -135,7 +172,7 @@ async def _store(prepared: PreparedRequest, services: Services) -> list[str]:
     that only the runs at fault are refused. An unavailable database raises (503).
     """
     try:
-        result = await store_request(prepared, services)
+        result = await _store_one(prepared, services, guard)
         record_ingest(result.accepted, result.duplicates)
         return []
     except MeteringError:
@@ -143,13 +180,41 @@ async def _store(prepared: PreparedRequest, services: Services) -> list[str]:
     reasons: list[str] = []
     for run in by_run(prepared):
         try:
-            result = await store_request(run, services)
+            result = await _store_one(run, services, guard)
             record_ingest(result.accepted, result.duplicates)
         except MeteringError as refusal:
             record_rejection(len(run.events), refusal.code)
             subject = run.events[0].subject
             reasons.extend(f"event {e.id} of run {subject}: {refusal}" for e in run.events)
     return reasons
+
+
+async def _store_one(
+    prepared: PreparedRequest, services: Services, guard: QueryGuard
+) -> IngestResult:
+    """A small export shares a group commit (short by construction); a large one is stored
+    alone with its statements bounded and cancellable (``guard``)."""
+    if len(prepared.events) <= services.settings.ingest_group_request_events:
+        return await store_request(prepared, services)
+    return await to_thread.run_sync(_store_bounded, prepared, services, guard)
+
+
+def _store_bounded(
+    prepared: PreparedRequest, services: Services, guard: QueryGuard
+) -> IngestResult:
+    """``store_alone``'s outcomes (a refused value is a 400; a deadlock is tried again), in a
+    transaction bounded by ``otlp_export_timeout_s`` and ``heavy_lock_timeout_s``."""
+    limits = Heavy.otlp_export(services.settings).limits
+    for attempt in range(1, ALONE_ATTEMPTS + 1):
+        try:
+            with bounded_transaction(services.engine, limits, guard) as conn:
+                return store_prepared(conn, prepared)
+        except UNSTORABLE:
+            raise unstorable_value() from None
+        except psycopg.errors.TransactionRollback:
+            if attempt == ALONE_ATTEMPTS:
+                raise
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def _reply(encoding: str, reasons: list[str]) -> Response[bytes]:

@@ -12,6 +12,7 @@ from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
 from api.admin import as_admin, rfc3339, shared_options
 from api.downloads import wants_csv
+from api.heavy import Heavy, run_heavy
 from api.openapi_docs import AUTHENTICATED, keys, problems
 from api.policy_wire import (
     PolicyChange,
@@ -26,7 +27,7 @@ from api.policy_wire import (
     whatif_reply,
 )
 from api.services import Services
-from metering.db import raw_transaction
+from metering.db import QueryGuard, bounded_transaction, raw_transaction
 from metering.errors import not_found
 from metering.keys import Principal, Scope
 from metering.policies import versions
@@ -177,11 +178,15 @@ async def policy_what_if(
     """JSON by default; CSV (docs/policies.md) for ``format=csv`` or ``Accept: text/csv``:
     a row per customer and a total row, or with ``table=changes`` the outcome changes."""
 
-    def work(services: Services, principal: Principal) -> Response[Any]:
-        as_csv = wants_csv(request, format)
-        chosen = csv_table(table)
+    services: Services = state.services
+    principal = services.authenticate(request, Scope.ADMIN)
+    as_csv = wants_csv(request, format)
+    chosen = csv_table(table)
+    heavy = Heavy.what_if(services.settings)
+
+    def work(guard: QueryGuard) -> Response[Any]:
         defaults = settings_policy(services.settings)
-        with raw_transaction(services.engine) as conn:
+        with bounded_transaction(services.engine, heavy.limits, guard) as conn:
             report = what_if(
                 conn,
                 principal.tenant_id,
@@ -195,7 +200,7 @@ async def policy_what_if(
             return whatif_download(report, chosen)
         return Response(whatif_reply(report))
 
-    return await as_admin(request, state, work)
+    return await run_heavy(request, services, heavy, principal.tenant_id, work)
 
 
 POLICY_HANDLERS = [

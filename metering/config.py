@@ -167,6 +167,24 @@ class Settings(BaseSettings):
     # own process only.
     whatif_processes: int = Field(default=0, ge=0, le=64)
 
+    # Heavy requests (what-ifs, OTLP exports), bounded per tenant so that one tenant's heavy
+    # work uses only its share (docs/reliability.md, "Ingest next to a tenant's heavy
+    # requests"). Concurrent ones per tenant, across every API process (a Redis semaphore
+    # that fails open); one more is a 429 with Retry-After.
+    whatif_concurrent_per_tenant: int = Field(default=1, ge=1)
+    otlp_concurrent_exports_per_tenant: int = Field(default=2, ge=1)
+    heavy_slots_redis_prefix: str = "fairmeter:slots"
+    # Spans in one OTLP export; more is a 413. The SDKs' BatchSpanProcessor exports at most
+    # 512 per request by default (OTEL_BSP_MAX_EXPORT_BATCH_SIZE), so that fits four times.
+    otlp_max_spans_per_request: int = Field(default=2048, ge=1)
+    # How long a heavy request may run in PostgreSQL: no longer than its client waits (an
+    # OTLP exporter gives up after 10 s by default, OTEL_EXPORTER_OTLP_TIMEOUT). Past it the
+    # query is cancelled and the reply is a retryable 503. A lock is waited for at most
+    # ``heavy_lock_timeout_s`` (two exports to one run take its row lock in turn).
+    whatif_timeout_s: float = Field(default=60.0, gt=0)
+    otlp_export_timeout_s: float = Field(default=10.0, gt=0)
+    heavy_lock_timeout_s: float = Field(default=5.0, gt=0)
+
     # Protection cap (R8), per customer per calendar month (UTC).
     cap_fraction_ppm: int = 250_000
     cap_floor_micros: int = 5_000_000

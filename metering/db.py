@@ -6,8 +6,10 @@ a Celery task wrapper, a CLI command) opens one per use case.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -59,6 +61,113 @@ def raw_transaction(engine: Engine) -> Iterator[psycopg.Connection[Any]]:
         driver = connection.connection.driver_connection
         assert isinstance(driver, psycopg.Connection)
         yield driver
+
+
+@dataclass(frozen=True)
+class StatementLimits:
+    """How long one statement of a heavy use case may run in PostgreSQL, and how long it may
+    wait for a lock: no longer than its client waits for the reply (config.py)."""
+
+    statement_timeout_s: float
+    lock_timeout_s: float
+
+
+class QueryGuard:
+    """Lets another thread cancel what a use case runs in PostgreSQL: its client went away,
+    or its time is up. Work that runs on after its client gave up holds a pooled connection
+    and row locks for nobody (issue #30: an abandoned export ran on for five minutes).
+
+    ``cancel`` sends PostgreSQL a cancel request for the statement running now; a use case
+    between statements (replaying in Python) is cancelled by the next call, so the canceller
+    calls it again until the work ends. The lock is held while cancelling: the connection
+    cannot go back to the pool, and another request's query be cancelled, meanwhile.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._conn: psycopg.Connection[Any] | None = None
+        self.cancelled = False
+
+    @contextmanager
+    def watching(self, conn: psycopg.Connection[Any]) -> Iterator[None]:
+        """``conn`` may be cancelled while the block runs (at once when already cancelled)."""
+        with self._lock:
+            self._conn = conn
+            if self.cancelled:
+                raise psycopg.errors.QueryCanceled("cancelled before it started")
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._conn = None
+
+    def cancel(self) -> None:
+        """Cancel the statement running now, and refuse to start new work."""
+        with self._lock:
+            self.cancelled = True
+            if self._conn is not None and not self._conn.closed:
+                self._conn.cancel_safe(timeout=2.0)
+
+
+@contextmanager
+def bounded_transaction(
+    engine: Engine, limits: StatementLimits, guard: QueryGuard | None = None
+) -> Iterator[psycopg.Connection[Any]]:
+    """Like :func:`raw_transaction`, with every statement bounded by ``limits`` and
+    cancellable through ``guard``.
+
+    The limits are set for the session, not ``SET LOCAL``: a use case may end transactions
+    itself (a what-if replay opens its own REPEATABLE READ snapshot), and a local setting
+    would end with the first. They are reset before the connection goes back to the pool;
+    a connection that cannot be reset is closed instead, never pooled with them.
+    """
+    with engine.connect() as connection:
+        driver = connection.connection.driver_connection
+        assert isinstance(driver, psycopg.Connection)
+        _set_limits(driver, limits)
+        try:
+            with guard.watching(driver) if guard is not None else nullcontext():
+                yield driver
+                driver.commit()
+        except BaseException:
+            _quietly(driver.rollback)
+            raise
+        finally:
+            if not _quietly(lambda: _set_limits(driver, None)):
+                connection.invalidate()
+
+
+def _set_limits(conn: psycopg.Connection[Any], limits: StatementLimits | None) -> None:
+    """Session settings, committed; ``None`` puts the server's defaults back."""
+    if limits is None:
+        conn.execute("RESET statement_timeout")
+        conn.execute("RESET lock_timeout")
+    else:
+        statement_ms = round(limits.statement_timeout_s * 1000)
+        lock_ms = round(limits.lock_timeout_s * 1000)
+        conn.execute(
+            "SELECT set_config('statement_timeout', %s, false),"
+            " set_config('lock_timeout', %s, false)",
+            (f"{statement_ms}ms", f"{lock_ms}ms"),
+        )
+    conn.commit()
+
+
+def _quietly(step: Any) -> bool:
+    """Run ``step``; whether it worked (a broken connection is dropped by the caller)."""
+    try:
+        step()
+    except psycopg.Error:
+        return False
+    return True
+
+
+def timed_out(exc: BaseException) -> bool:
+    """Whether ``exc`` is a statement cancelled (a timeout, or :class:`QueryGuard`) or a
+    lock not granted in ``lock_timeout``: this request's time ran out, retrying may pass."""
+    if isinstance(exc, sa.exc.DBAPIError) and exc.orig is not None:
+        exc = exc.orig
+    return isinstance(exc, psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable)
 
 
 # SQLSTATE classes and codes that say the database cannot serve anyone right now:
