@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from metering.config import Settings
+from tests.api.heavy_harness import PATIENCE_S
 from tests.security.harness import Served, serve
 
 # Heartbeats every second (a test waits for one), a listener that reconnects at once, and
@@ -29,3 +31,19 @@ def stream_apis(settings: Settings, tmp_path_factory: Any) -> Iterator[tuple[Ser
         serve(settings, logs, FAIRMETER_STREAM_QUEUE_ITEMS="4", **STREAM_ENV) as second,
     ):
         yield first, second
+
+
+@pytest.fixture(scope="module")
+def heavy_api(settings: Settings, tmp_path_factory: Any) -> Iterator[Served]:
+    """Two API processes (uvicorn workers) sharing per-tenant slots of their own, that wait
+    for a lock far longer than a test does (tests/api/test_heavy_requests.py)."""
+    with serve(
+        settings,
+        tmp_path_factory.mktemp("heavy-api"),
+        workers=2,
+        FAIRMETER_HEAVY_SLOTS_REDIS_PREFIX=f"fairmeter-test:slots:{uuid.uuid4().hex}",
+        FAIRMETER_HEAVY_LOCK_TIMEOUT_S=str(PATIENCE_S),
+        FAIRMETER_WHATIF_TIMEOUT_S=str(PATIENCE_S),
+        FAIRMETER_OTLP_EXPORT_TIMEOUT_S=str(PATIENCE_S),
+    ) as served:
+        yield served
