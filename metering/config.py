@@ -251,10 +251,17 @@ class Settings(BaseSettings):
     # does so by itself): long-lived connections spread over new API processes, and a
     # revoked key's stream stops within this time.
     stream_max_s: float = 300.0
-    # Open streams per API process; one more is a 503 problem (each holds a socket). One key
-    # may hold this many of them, so that one tenant cannot take a process's streams from
-    # the others (one more is a 429).
+    # Open streams per API process; one more is a 503 problem (each holds a socket, an inbox
+    # and a share of the event loop). A tenant's share of them: one more is a 429, whatever
+    # the process's state, so one tenant (however many customer keys it holds) never fills a
+    # process. A fifth: five tenants at their full share before a process refuses anyone, and
+    # 200 still covers a tenant with 100 people each following two runs on one process. The
+    # share is per process, not counted across processes: each slot is a process's, and a
+    # process that restarts must not leave counts behind (docs/events.md, Live status
+    # streams). One key holds at most its own share, beneath the tenant's (one more is a
+    # 429), so one end customer's key cannot take its tenant's whole share.
     stream_max_per_process: int = 1000
+    stream_max_per_tenant: int = 200
     stream_max_per_key: int = 100
     # Notifications waiting for one slow client; beyond this they are dropped from memory
     # and the stream catches up from the notifications table instead.
