@@ -169,6 +169,7 @@ class StreamHub:
                 503,
                 f"this API process serves {self._max_streams} streams already; retry, "
                 "another process may have room",
+                limit=self._max_streams,
             )
 
     def unsubscribe(self, inbox: Inbox) -> None:
