@@ -109,9 +109,7 @@ class Settings(BaseSettings):
     # Secrets. The pepper turns a stolen key table into useless HMACs. Served processes
     # refuse to start with the default, a placeholder or a short one (pepper_weakness).
     key_pepper: str = DEFAULT_KEY_PEPPER
-    # How long a process trusts a key lookup, and how long a key id found in the database is
-    # shared with the other API processes (in Redis, so the rate limiter lets it skip the
-    # client address's budget everywhere).
+    # How long a process trusts a key lookup (found or not).
     key_cache_ttl_s: float = 30.0
     # Key ids each API process remembers (found and unknown ones apart, least recently used
     # evicted first), so a flood of forged ids cannot push the real keys out.
@@ -229,6 +227,14 @@ class Settings(BaseSettings):
     # this at least max_batch_events.
     rate_limit_ingest_events: int = 100_000
     rate_limit_redis_prefix: str = "fairmeter:ratelimit"
+    # How long a key id found in the database is remembered in Redis as real, so that it
+    # skips the client address's anonymous budget at every API process (each lookup that
+    # finds it again renews it). Longer than the key cache on purpose: a tenant whose key was
+    # idle for a while must not be refused at a process its first request reaches because
+    # a forged flood from its address (a NAT, a proxy) spent that budget. It costs no
+    # database reads: each process looks a remembered id up at most once per key cache TTL,
+    # and an id that turns out revoked or forged is still paid for by the address.
+    rate_limit_found_key_ttl_s: float = Field(default=7 * 24 * 3600.0, gt=0)
     # After a Redis error the limiter lets requests through this long before asking again.
     rate_limit_redis_retry_s: float = 5.0
     # Peers whose X-Forwarded-For is believed (comma-separated IPs or CIDRs). Empty: nobody's,
@@ -251,10 +257,17 @@ class Settings(BaseSettings):
     # does so by itself): long-lived connections spread over new API processes, and a
     # revoked key's stream stops within this time.
     stream_max_s: float = 300.0
-    # Open streams per API process; one more is a 503 problem (each holds a socket). One key
-    # may hold this many of them, so that one tenant cannot take a process's streams from
-    # the others (one more is a 429).
+    # Open streams per API process; one more is a 503 problem (each holds a socket, an inbox
+    # and a share of the event loop). A tenant's share of them: one more is a 429, whatever
+    # the process's state, so one tenant (however many customer keys it holds) never fills a
+    # process. A fifth: five tenants at their full share before a process refuses anyone, and
+    # 200 still covers a tenant with 100 people each following two runs on one process. The
+    # share is per process, not counted across processes: each slot is a process's, and a
+    # process that restarts must not leave counts behind (docs/events.md, Live status
+    # streams). One key holds at most its own share, beneath the tenant's (one more is a
+    # 429), so one end customer's key cannot take its tenant's whole share.
     stream_max_per_process: int = 1000
+    stream_max_per_tenant: int = 200
     stream_max_per_key: int = 100
     # Notifications waiting for one slow client; beyond this they are dropped from memory
     # and the stream catches up from the notifications table instead.
