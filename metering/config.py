@@ -301,6 +301,11 @@ class Settings(BaseSettings):
     # at a time); more rounds than this leave at once, so the rest of a worker's processes
     # stay free for settlement and fan-out. Raise it with the number of worker hosts.
     webhooks_delivery_rounds: int = 1
+    # An endpoint failing in a row (timeouts, refused connections, 5xx) gets one probing
+    # send at a time, then none for a pause doubling from the first to the second figure
+    # (metering/webhooks/breaker.py); one answered attempt ends it.
+    webhooks_breaker_pause_s: float = 1.0
+    webhooks_breaker_max_pause_s: float = 60.0
     # A notification id the fan-out passed over (its transaction had not committed yet) is
     # looked for again until this long after: longer than any transaction that records one
     # may stay open (the tasks' hard limit is 150 s).

@@ -14,11 +14,9 @@ one is delivered or has finally failed). Other runs and endpoints go on meanwhil
 from __future__ import annotations
 
 import random
-import threading
 import time
-from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -30,9 +28,11 @@ from sqlalchemy.engine import Engine
 from metering.config import Settings
 from metering.db import raw_transaction
 from metering.leases import Heartbeat
+from metering.webhooks import breaker
 from metering.webhooks.schedule import GiveUp, after_failure, disabled_reason, should_disable
 from metering.webhooks.secrets import EndpointSeeds, signing_secrets
 from metering.webhooks.signing import signature_headers
+from metering.webhooks.slots import Held, SendSlots
 from metering.webhooks.targets import UrlRefused, connection_for
 
 EXCERPT_CHARS = 500
@@ -107,7 +107,7 @@ CLAIMABLE = """
     JOIN webhook_endpoints e ON e.id = m.endpoint_id
     WHERE m.status = 'pending' AND m.next_attempt_at <= %(now)s
       AND (m.claimed_until IS NULL OR m.claimed_until <= %(now)s)
-      AND e.enabled
+      AND e.enabled AND (e.breaker_open_until IS NULL OR e.breaker_open_until <= %(now)s)
       AND (m.run_id IS NULL OR NOT EXISTS (
           SELECT 1 FROM webhook_messages p
           WHERE p.endpoint_id = m.endpoint_id AND p.run_id = m.run_id
@@ -115,7 +115,10 @@ CLAIMABLE = """
 """
 # Claims per endpoint, each endpoint at most ``per_endpoint`` messages leased at once (its
 # messages claimed and not yet recorded, by any round): a backlog at one endpoint cannot fill
-# a claim and starve the others. An endpoint gives at most ``limit`` (the claim takes no
+# a claim and starve the others; its circuit breaker lowers that to one (half-open) or none
+# (open), as ``breaker.allowance`` says. Endpoints are taken in turn (each one's longest due
+# message, then each one's second, ...), so a long backlog at one endpoint never fills a
+# claim that another's first message is waiting for. An endpoint gives at most ``limit`` (the claim takes no
 # more), so its backlog is not read and probed whole for each claim; the picked messages are
 # updated by an id array, not joined (a join hash-scanned every message ever stored).
 CLAIM = """
@@ -124,11 +127,13 @@ WITH busy AS (
     WHERE status = 'pending' AND claimed_until > %(now)s
     GROUP BY endpoint_id
 ), picked AS (
-    SELECT c.id, c.next_attempt_at
+    SELECT c.id, c.next_attempt_at, c.turn
     FROM webhook_endpoints e
     LEFT JOIN busy b ON b.endpoint_id = e.id
     CROSS JOIN LATERAL (
-        SELECT m.id, m.next_attempt_at FROM webhook_messages m
+        SELECT m.id, m.next_attempt_at,
+               row_number() OVER (ORDER BY m.next_attempt_at, m.id) AS turn
+        FROM webhook_messages m
         WHERE m.endpoint_id = e.id AND m.status = 'pending' AND m.next_attempt_at <= %(now)s
           AND (m.claimed_until IS NULL OR m.claimed_until <= %(now)s)
           AND (m.run_id IS NULL OR NOT EXISTS (
@@ -136,10 +141,13 @@ WITH busy AS (
               WHERE p.endpoint_id = m.endpoint_id AND p.run_id = m.run_id
                 AND p.status = 'pending' AND p.notification_id < m.notification_id))
         ORDER BY m.next_attempt_at, m.id
-        LIMIT least(greatest(%(per_endpoint)s - coalesce(b.held, 0), 0), %(limit)s)
+        LIMIT least(greatest(
+            CASE WHEN e.breaker_open_until > %(now)s THEN 0
+                 WHEN e.breaker_failures >= %(half_open_after)s THEN 1
+                 ELSE %(per_endpoint)s END - coalesce(b.held, 0), 0), %(limit)s)
     ) c
     WHERE e.enabled
-    ORDER BY c.next_attempt_at, c.id
+    ORDER BY c.turn, c.next_attempt_at, c.id
     LIMIT %(limit)s
 )
 UPDATE webhook_messages m
@@ -159,14 +167,20 @@ def claim(
     per_endpoint: int = 1_000_000,
 ) -> list[Claimed]:
     """Lease up to ``limit`` due messages, each the head of its (endpoint, run) line, of
-    enabled endpoints, no endpoint above ``per_endpoint`` leased at once, the longest due
-    first."""
+    enabled endpoints, no endpoint above ``per_endpoint`` leased at once (or its breaker's
+    allowance), the longest due first."""
     if limit <= 0:
         return []
     conn.execute("SELECT pg_advisory_xact_lock(%s)", (CLAIM_LOCK_KEY,))
     rows = conn.execute(
         CLAIM,
-        {"now": now, "limit": limit, "until": now + lease, "per_endpoint": per_endpoint},
+        {
+            "now": now,
+            "limit": limit,
+            "until": now + lease,
+            "per_endpoint": per_endpoint,
+            "half_open_after": breaker.HALF_OPEN_AFTER,
+        },
     ).fetchall()
     return [
         Claimed(r[0], r[1], r[2], r[3], r[4], r[5], r[6], EndpointSeeds(r[7], r[8], r[9]))
@@ -179,6 +193,24 @@ def has_due(conn: psycopg.Connection[Any], now: datetime) -> bool:
     earlier one, or for its next retry, does not count)."""
     row = conn.execute(f"SELECT EXISTS (SELECT 1 {CLAIMABLE})", {"now": now}).fetchone()
     return bool(row and row[0])
+
+
+RELEASE = """
+UPDATE webhook_messages m
+SET claimed_until = NULL, attempts = m.attempts - 1, tries = greatest(m.tries - 1, 0)
+FROM unnest(%s::bigint[], %s::int[]) AS h(id, attempt)
+WHERE m.id = h.id AND m.attempts = h.attempt AND m.status = 'pending'
+"""
+
+
+def release(conn: psycopg.Connection[Any], messages: Sequence[Claimed]) -> int:
+    """Let go of claimed messages that were never sent, as if they had never been claimed
+    (the claim's ``attempts`` and ``tries`` given back, the lease ended: due at once to
+    any round); one another sender has claimed since is left alone. How many were let go."""
+    if not messages:
+        return 0
+    ordered = sorted(messages, key=lambda m: m.id)
+    return conn.execute(RELEASE, ([m.id for m in ordered], [m.attempt for m in ordered])).rowcount
 
 
 RENEW = """
@@ -330,11 +362,15 @@ def record_delivered(conn: psycopg.Connection[Any], done: Sequence[tuple[Claimed
     )
     updated = conn.execute(RECORD_DELIVERED_MESSAGES, (ids, attempts, started)).rowcount
     conn.execute(
-        "UPDATE webhook_endpoints SET failing_since = NULL "
-        "WHERE id = ANY(%s) AND failing_since IS NOT NULL",
+        f"UPDATE webhook_endpoints SET {HEALTHY} "
+        "WHERE id = ANY(%s) AND (failing_since IS NOT NULL OR breaker_failures > 0)",
         (sorted({m.endpoint_id for m, _ in done}),),
     )
     return updated
+
+
+# An answered attempt: the failure streak is over, the breaker closed.
+HEALTHY = "failing_since = NULL, breaker_failures = 0, breaker_open_until = NULL"
 
 
 def _endpoint_health(
@@ -342,11 +378,19 @@ def _endpoint_health(
 ) -> None:
     if result.delivered:
         conn.execute(
-            "UPDATE webhook_endpoints SET failing_since = NULL "
-            "WHERE id = %s AND failing_since IS NOT NULL",
+            f"UPDATE webhook_endpoints SET {HEALTHY} "
+            "WHERE id = %s AND (failing_since IS NOT NULL OR breaker_failures > 0)",
             (endpoint_id,),
         )
         return
+    if breaker.trips(result.status_code, result.error):
+        _trip(conn, endpoint_id, result.started_at, settings)
+    else:  # it answered (a 4xx): the breaker closes, the failure streak goes on
+        conn.execute(
+            "UPDATE webhook_endpoints SET breaker_failures = 0, breaker_open_until = NULL "
+            "WHERE id = %s AND breaker_failures > 0",
+            (endpoint_id,),
+        )
     row = conn.execute(
         "UPDATE webhook_endpoints SET failing_since = coalesce(failing_since, %s) "
         "WHERE id = %s RETURNING failing_since, enabled",
@@ -363,112 +407,61 @@ def _endpoint_health(
         )
 
 
-class _Held:
-    """The (message, attempt) pairs a round holds, for its heartbeat."""
-
-    def __init__(self) -> None:
-        self._pairs: dict[int, int] = {}
-        self._lock = threading.Lock()
-
-    def add(self, messages: Sequence[Claimed]) -> None:
-        with self._lock:
-            self._pairs.update((m.id, m.attempt) for m in messages)
-
-    def drop(self, message: Claimed) -> None:
-        with self._lock:
-            self._pairs.pop(message.id, None)
-
-    def pairs(self) -> list[tuple[int, int]]:
-        with self._lock:
-            return list(self._pairs.items())
-
-
-class _SendSlots:
-    """Claimed messages waiting for a send, per endpoint, and the sends running: at most
-    ``per_endpoint`` at once to any endpoint, ``threads`` in all, endpoints taken in turn."""
-
-    def __init__(self, threads: int, per_endpoint: int) -> None:
-        self._threads = threads
-        self._per_endpoint = per_endpoint
-        self._waiting: dict[str, deque[Claimed]] = {}
-        self._sending: Counter[str] = Counter()
-        self.running: set[Future[tuple[Claimed, Attempt]]] = set()
-        # An endpoint's claimed messages all went to send since the last claim: it may
-        # have more due, so claiming again is worth its cost now.
-        self.drained = False
-
-    @property
-    def held(self) -> int:
-        """Messages claimed and not yet finished (waiting or being sent)."""
-        return len(self.running) + sum(len(q) for q in self._waiting.values())
-
-    @property
-    def busy(self) -> int:
-        """Sends running, and those that could start once a thread is free: what keeps the
-        round's threads busy. (A message waiting for its endpoint's slots does not: a
-        hanging receiver's backlog must not stop the round claiming for the others.)"""
-        startable = sum(
-            min(len(queue), self._per_endpoint - self._sending[e])
-            for e, queue in self._waiting.items()
-        )
-        return len(self.running) + startable
-
-    def add(self, messages: Sequence[Claimed]) -> None:
-        for message in messages:
-            self._waiting.setdefault(message.endpoint_id, deque()).append(message)
-
-    def start(
-        self, pool: ThreadPoolExecutor, one: Callable[[Claimed], tuple[Claimed, Attempt]]
-    ) -> None:
-        """Send what may be sent now, one message per endpoint per turn."""
-        while len(self.running) < self._threads:
-            ready = [
-                e
-                for e, queue in self._waiting.items()
-                if queue and self._sending[e] < self._per_endpoint
-            ]
-            if not ready:
-                return
-            for endpoint in ready:
-                if len(self.running) >= self._threads:
-                    return
-                message = self._waiting[endpoint].popleft()
-                self.drained = self.drained or not self._waiting[endpoint]
-                self._sending[endpoint] += 1
-                self.running.add(pool.submit(one, message))
-
-    def finished(self, attempts: Sequence[tuple[Claimed, Attempt]]) -> None:
-        for message, _ in attempts:
-            self._sending[message.endpoint_id] -= 1
+def _trip(
+    conn: psycopg.Connection[Any], endpoint_id: str, now: datetime, settings: Settings
+) -> None:
+    """One more failure in a row for the endpoint's breaker, which may open it."""
+    row = conn.execute(
+        "SELECT breaker_failures, breaker_open_until FROM webhook_endpoints WHERE id = %s "
+        "FOR UPDATE",
+        (endpoint_id,),
+    ).fetchone()
+    if row is None:
+        return
+    after = breaker.after_attempt(
+        breaker.Breaker(row[0], row[1]),
+        tripped=True,
+        now=now,
+        pause_s=settings.webhooks_breaker_pause_s,
+        max_pause_s=settings.webhooks_breaker_max_pause_s,
+    )
+    conn.execute(
+        "UPDATE webhook_endpoints SET breaker_failures = %s, breaker_open_until = %s WHERE id = %s",
+        (after.failures, after.open_until, endpoint_id),
+    )
 
 
 def deliver_due(
     engine: Engine, settings: Settings, send: Send, clock: Callable[[], datetime]
 ) -> int:
     """Claim and send due messages, ``webhooks_delivery_threads`` at a time and at most
-    ``webhooks_endpoint_concurrency`` to one endpoint, until nothing is due or
-    ``webhooks_round_s`` has passed; messages attempted.
+    ``webhooks_endpoint_concurrency`` to one endpoint (fewer while its breaker is not
+    closed), until nothing is due or ``webhooks_round_s`` has passed; messages attempted.
 
     The sends run in the pool; claiming and recording stay in this thread, each a serial
     step done for many messages at once. Claims are made ahead, up to
     ``webhooks_delivery_batch`` held at once (and eight times its send share per
     endpoint), whenever fewer than ``webhooks_delivery_threads`` are being sent or could
-    be (claiming one or two per finished send spent more time claiming than sending); a
-    message claimed ahead waits for a send slot of its endpoint under the round's lease,
-    renewed by its heartbeat. A hanging receiver so holds its endpoint's slots and nothing
-    else: other endpoints, other tenants, go on. The attempts that finished together are
-    recorded in one transaction (the delivered ones by :func:`record_delivered`, the
-    others one by one by :func:`record`, which schedules their retries): a worker killed
-    before the commit sends them again under the same ``webhook-id``, which at-least-once
-    allows. A send that finishes may free its run's next message: the next claim takes
-    it."""
+    be; a message claimed ahead waits for a send slot of its endpoint under the round's
+    lease, renewed by its heartbeat. The attempts that finished together are recorded in
+    one transaction (a worker killed before the commit sends them again under the same
+    ``webhook-id``, which at-least-once allows).
+
+    Fair share: a message claimed ahead is let go (:func:`release`) as soon as it could
+    only wait: its endpoint's attempt failed (the breaker now says how many it may have),
+    or the deadline came. Past the deadline the round claims nothing ahead, only what
+    its endpoints' send shares can start at once, and only while its sends run (at most
+    one ``webhooks_timeout_s`` more): a hanging receiver's sends keep the round's worker
+    process, never the other endpoints' messages.
+    """
     lease = timedelta(seconds=settings.webhooks_lease_s)
     threads = max(1, settings.webhooks_delivery_threads)
     per_endpoint = max(1, min(settings.webhooks_endpoint_concurrency, threads))
-    ahead = max(threads, settings.webhooks_delivery_batch)
     deadline = time.monotonic() + settings.webhooks_round_s
-    held = _Held()
-    slots = _SendSlots(threads, per_endpoint)
+    tail_end = deadline + settings.webhooks_timeout_s
+    held = Held()
+    slots = SendSlots(threads, per_endpoint)
+    sent = 0
 
     def renew_held(until: datetime) -> None:
         with raw_transaction(engine) as conn:
@@ -477,62 +470,112 @@ def deliver_due(
     def one(message: Claimed) -> tuple[Claimed, Attempt]:
         return message, attempt(message, settings, send, clock)
 
-    sent = 0
-    # After a claim that found less than it asked for (nothing more due, or the endpoints
-    # it found are at their share), the next waits until an endpoint's queue drains or
-    # CLAIM_EVERY_S passes: claiming at every finished send cost more than sending.
-    short_at: float | None = None
-    # Finished attempts are recorded together, a few at a time or after RECORD_EVERY_S:
-    # one transaction per finished send was the round's serial bottleneck.
-    unrecorded: list[tuple[Claimed, Attempt]] = []
-    first_unrecorded_at = 0.0
+    def let_go(messages: list[Claimed]) -> None:
+        nonlocal sent
+        if messages:
+            for message in messages:
+                held.drop(message)
+            with raw_transaction(engine) as conn:
+                release(conn, messages)
+            sent -= len(messages)
 
-    def record_finished() -> None:
-        if not unrecorded:
-            return
+    def claim_now(ahead: bool) -> int:
+        nonlocal sent
+        if ahead:
+            wanted = max(threads - slots.busy, settings.webhooks_delivery_batch - slots.held)
+        else:
+            wanted = threads - slots.busy
+        cap = per_endpoint * CLAIMS_PER_SLOT if ahead else per_endpoint
         with raw_transaction(engine) as conn:
-            record_delivered(conn, [a for a in unrecorded if a[1].delivered])
-            for message, result in unrecorded:
-                if not result.delivered:
-                    record(conn, message, result, settings)
-        for message, _ in unrecorded:
-            held.drop(message)
-        unrecorded.clear()
+            claimed = claim(conn, clock(), wanted, lease, cap)
+        held.add(claimed)
+        slots.add(claimed)
+        sent += len(claimed)
+        return wanted - len(claimed)
 
+    recorder = _Recorder(engine, settings, held)
     heartbeat = Heartbeat(renew_held, lease, clock, name="webhooks", written_at=time.monotonic())
     with heartbeat, ThreadPoolExecutor(threads, thread_name_prefix="webhook") as pool:
+        # After a claim that found less than it asked for, the next waits until an
+        # endpoint's queue drains or CLAIM_EVERY_S passes: claiming at every finished
+        # send cost more than sending.
+        short_at: float | None = None
         while True:
-            worth_it = (
-                short_at is None or slots.drained or time.monotonic() - short_at >= CLAIM_EVERY_S
-            )
-            if slots.busy < threads and worth_it and time.monotonic() < deadline:
-                wanted = max(threads - slots.busy, ahead - slots.held)
-                with raw_transaction(engine) as conn:
-                    claimed = claim(conn, clock(), wanted, lease, per_endpoint * CLAIMS_PER_SLOT)
-                short_at = time.monotonic() if len(claimed) < wanted else None
+            at = time.monotonic()
+            ahead = at < deadline
+            if not ahead:
+                let_go(slots.take_waiting())
+            may_claim = ahead or (bool(slots.running) and at < tail_end)
+            worth_it = short_at is None or slots.drained or at - short_at >= CLAIM_EVERY_S
+            if may_claim and worth_it and slots.busy < threads:
+                short_at = time.monotonic() if claim_now(ahead) > 0 else None
                 slots.drained = False
-                held.add(claimed)
-                sent += len(claimed)
-                slots.add(claimed)
             slots.start(pool, one)
+            if not ahead:  # what could not start at once is let go, not held
+                let_go(slots.take_waiting())
             if not slots.running:
-                record_finished()
+                recorder.flush()
                 return sent
             finished, slots.running = wait(
                 slots.running,
-                timeout=RECORD_EVERY_S if unrecorded else CLAIM_EVERY_S,
+                timeout=RECORD_EVERY_S if recorder.pending else CLAIM_EVERY_S,
                 return_when=FIRST_COMPLETED,
             )
             attempts = [future.result() for future in finished]
             slots.finished(attempts)  # their send slots are free at once
-            if attempts and not unrecorded:
-                first_unrecorded_at = time.monotonic()
-            unrecorded.extend(attempts)
-            if unrecorded and (
-                len(unrecorded) >= RECORD_BATCH
-                or time.monotonic() - first_unrecorded_at >= RECORD_EVERY_S
-            ):
-                record_finished()
+            if recorder.add(attempts):
+                let_go(slots.take_waiting(recorder.tripped()))
+
+
+class _Recorder:
+    """Finished attempts, recorded together a few at a time or after RECORD_EVERY_S (one
+    transaction per finished send was the round's serial bottleneck): the delivered ones
+    by :func:`record_delivered`, the others one by one by :func:`record`."""
+
+    def __init__(self, engine: Engine, settings: Settings, held: Held) -> None:
+        self._engine = engine
+        self._settings = settings
+        self._held = held
+        self._unrecorded: list[tuple[Claimed, Attempt]] = []
+        self._first_at = 0.0
+        self._tripped: set[str] = set()
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._unrecorded)
+
+    def add(self, attempts: list[tuple[Claimed, Attempt]]) -> bool:
+        """Keep the attempts; record them all when it is time. Whether it was."""
+        if attempts and not self._unrecorded:
+            self._first_at = time.monotonic()
+        self._unrecorded.extend(attempts)
+        if self._unrecorded and (
+            len(self._unrecorded) >= RECORD_BATCH
+            or time.monotonic() - self._first_at >= RECORD_EVERY_S
+        ):
+            self.flush()
+            return True
+        return False
+
+    def tripped(self) -> set[str]:
+        """The endpoints whose attempts failed in the last records: their breakers count."""
+        tripped, self._tripped = self._tripped, set()
+        return tripped
+
+    def flush(self) -> None:
+        done = self._unrecorded
+        if not done:
+            return
+        with raw_transaction(self._engine) as conn:
+            record_delivered(conn, [a for a in done if a[1].delivered])
+            for message, result in done:
+                if not result.delivered:
+                    record(conn, message, result, self._settings)
+        for message, result in done:
+            self._held.drop(message)
+            if not result.delivered and breaker.trips(result.status_code, result.error):
+                self._tripped.add(message.endpoint_id)
+        self._unrecorded = []
 
 
 @contextmanager
