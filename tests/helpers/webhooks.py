@@ -155,9 +155,7 @@ def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
                 time.sleep(0.05)
             verified = receiver.verify(body, headers)
             status = receiver.answer(msg_id, verified)
-            got = Received(
-                seq, msg_id, headers, body, verified, status, at=at, arrived_s=arrived_s
-            )
+            got = Received(seq, msg_id, headers, body, verified, status, at=at, arrived_s=arrived_s)
             with receiver._lock:
                 got.answered_seq = next(receiver._seq)
                 receiver.requests.append(got)
