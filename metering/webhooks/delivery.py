@@ -9,11 +9,22 @@ lease runs out and sent again under the same ``webhook-id`` and body.
 Order: of one run's messages for one endpoint only the earliest pending one is ever
 claimed, so a ``run.resettled`` never overtakes its ``run.settled`` (it waits until that
 one is delivered or has finally failed). Other runs and endpoints go on meanwhile.
+
+Fair share (docs/webhooks.md, "Fair share"): a claim takes endpoints in turn; an endpoint
+has at most its send share at once, and its circuit breaker (``breaker.py``) lowers that to
+one probe or none while it fails; a round keeps a quarter of its threads for endpoints with
+no send running (``slots.py``). A round never holds a message it cannot send now: what it
+claimed ahead is let go when its endpoint fails and at the deadline. Its tail (the sends
+still running at the deadline, at most one timeout long) would otherwise keep every other
+endpoint's new messages waiting, since a second round would need a second worker process
+(settlement needs one too, and a worker may run only two): so, rather than raising
+``webhooks_delivery_rounds`` or giving up the round slot while its own sends still run,
+the round goes on claiming during its tail, but only what can be sent at once (each
+endpoint's send share, nothing ahead), and stops at one timeout past the deadline.
 """
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
@@ -29,13 +40,38 @@ from metering.config import Settings
 from metering.db import raw_transaction
 from metering.leases import Heartbeat
 from metering.webhooks import breaker
-from metering.webhooks.schedule import GiveUp, after_failure, disabled_reason, should_disable
-from metering.webhooks.secrets import EndpointSeeds, signing_secrets
-from metering.webhooks.signing import signature_headers
-from metering.webhooks.slots import Held, SendSlots
-from metering.webhooks.targets import UrlRefused, connection_for
+from metering.webhooks.attempts import (
+    Attempt,
+    Claimed,
+    Outgoing,
+    Reply,
+    Send,
+    attempt,
+    record,
+    record_delivered,
+)
+from metering.webhooks.secrets import EndpointSeeds
+from metering.webhooks.slots import RECORD_EVERY_S, Held, Recorder, SendSlots
 
-EXCERPT_CHARS = 500
+# Where the sending step's parts were before they had a module of their own.
+__all__ = [
+    "Attempt",
+    "Claimed",
+    "Outgoing",
+    "Reply",
+    "Send",
+    "attempt",
+    "claim",
+    "deliver_due",
+    "deliver_in_turn",
+    "has_due",
+    "record",
+    "record_delivered",
+    "release",
+    "renew",
+    "round_slot",
+]
+
 # Claims serialise on this transaction advisory lock: the head-of-line rule reads other
 # rows' states, which two claims at once could each read before the other's lease.
 CLAIM_LOCK_KEY = 0x3E6B_0016
@@ -47,57 +83,9 @@ ROUND_LOCK_KEY = 0x3E6B_0017
 # While sends are in flight and none finishes, a round still claims what became due this
 # often (a slow receiver must not hold up the next message's first attempt for long).
 CLAIM_EVERY_S = 0.2
-# Finished attempts are recorded once this many are waiting, or this long after the first.
-RECORD_BATCH = 16
-RECORD_EVERY_S = 0.05
 # Messages one endpoint may hold claimed at once, per send slot it has: enough that one
 # busy endpoint is claimed for in batches (each claim is a serial step of the round).
 CLAIMS_PER_SLOT = 8
-
-
-@dataclass(frozen=True, slots=True)
-class Claimed:
-    id: int
-    msg_id: str
-    attempt: int  # this attempt's number among all of the message's attempts
-    tries: int  # its number in the current round of retries
-    payload: str
-    endpoint_id: str
-    url: str
-    seeds: EndpointSeeds
-
-
-@dataclass(frozen=True, slots=True)
-class Outgoing:
-    """One signed request, aimed at the address the SSRF check passed."""
-
-    url: str
-    headers: dict[str, str]
-    body: bytes
-    timeout_s: float
-    server_name: str | None  # the TLS name when ``url`` names an address
-
-
-@dataclass(frozen=True, slots=True)
-class Reply:
-    """What came back: a status and the start of the body, or why nothing did."""
-
-    status_code: int | None
-    text: str = ""
-    error: str | None = None
-
-
-Send = Callable[[Outgoing], Reply]
-
-
-@dataclass(frozen=True, slots=True)
-class Attempt:
-    started_at: datetime
-    delivered: bool
-    status_code: int | None
-    latency_ms: int
-    excerpt: str | None
-    error: str | None
 
 
 # The messages a claim may take: due, not leased, of an enabled endpoint, each the head of
@@ -118,9 +106,10 @@ CLAIMABLE = """
 # a claim and starve the others; its circuit breaker lowers that to one (half-open) or none
 # (open), as ``breaker.allowance`` says. Endpoints are taken in turn (each one's longest due
 # message, then each one's second, ...), so a long backlog at one endpoint never fills a
-# claim that another's first message is waiting for. An endpoint gives at most ``limit`` (the claim takes no
-# more), so its backlog is not read and probed whole for each claim; the picked messages are
-# updated by an id array, not joined (a join hash-scanned every message ever stored).
+# claim that another's first message is waiting for. An endpoint gives at most ``limit``
+# (the claim takes no more), so its backlog is not read and probed whole for each claim;
+# the picked messages are updated by an id array, not joined (a join hash-scanned every
+# message ever stored).
 CLAIM = """
 WITH busy AS (
     SELECT endpoint_id, count(*) AS held FROM webhook_messages
@@ -235,202 +224,6 @@ def renew(conn: psycopg.Connection[Any], held: Sequence[tuple[int, int]], until:
         )
 
 
-def attempt(
-    message: Claimed, settings: Settings, send: Send, clock: Callable[[], datetime]
-) -> Attempt:
-    """Check the target, sign, send: one attempt, never raising for the receiver's faults."""
-    started = clock()
-    began = time.monotonic()
-
-    def done(status: int | None, text: str = "", error: str | None = None) -> Attempt:
-        elapsed = int((time.monotonic() - began) * 1000)
-        delivered = status is not None and 200 <= status < 300
-        excerpt = text[:EXCERPT_CHARS] if text else None
-        return Attempt(started, delivered, status, elapsed, excerpt, error)
-
-    try:
-        target = connection_for(message.url, allow_private=settings.webhooks_allow_private)
-    except UrlRefused as refused:
-        return done(None, error=f"refused: {refused.message}")
-    except (OSError, UnicodeError) as exc:
-        return done(None, error=f"cannot resolve the host: {exc}")
-    secrets = signing_secrets(message.seeds, settings.key_pepper, started)
-    body = message.payload.encode()
-    headers = signature_headers(message.msg_id, body, secrets, started)
-    headers["user-agent"] = "Fairmeter-Webhooks/1"
-    if target.host_header is not None:
-        headers["host"] = target.host_header
-    reply = send(
-        Outgoing(target.url, headers, body, settings.webhooks_timeout_s, target.server_name)
-    )
-    return done(reply.status_code, reply.text, reply.error)
-
-
-def record(
-    conn: psycopg.Connection[Any],
-    message: Claimed,
-    result: Attempt,
-    settings: Settings,
-    draw: Callable[[], float] = random.random,
-) -> bool:
-    """Store the attempt and its consequence: delivered, retried later, or failed; the
-    endpoint's failure streak, and disabling it once it has failed long enough. ``False``
-    when the message was no longer this sender's (its lease ran out and another took it):
-    the attempt is kept in the log, its consequence is the other sender's to record."""
-    # The endpoint (and with it the message) may have been deleted meanwhile: nothing to log.
-    conn.execute(
-        """
-        INSERT INTO webhook_attempts (tenant_id, message_id, attempt, outcome, started_at,
-                                      status_code, latency_ms, response_excerpt, error)
-        SELECT tenant_id, id, %s, %s, %s, %s, %s, %s, %s FROM webhook_messages WHERE id = %s
-        ON CONFLICT (message_id, attempt, tenant_id) DO NOTHING
-        """,
-        (
-            message.attempt,
-            "delivered" if result.delivered else "failed",
-            result.started_at,
-            result.status_code,
-            result.latency_ms,
-            result.excerpt[:EXCERPT_CHARS] if result.excerpt else None,
-            result.error,
-            message.id,
-        ),
-    )
-    now = result.started_at
-    if result.delivered:
-        status, next_at, finished = "delivered", None, now
-    else:
-        outcome = after_failure(message.tries, now, settings.webhooks_retry_schedule_s, draw)
-        if isinstance(outcome, GiveUp):
-            status, next_at, finished = "failed", None, now
-        else:
-            status, next_at, finished = "pending", outcome.at, None
-    updated = conn.execute(
-        """
-        UPDATE webhook_messages
-        SET status = %s, next_attempt_at = coalesce(%s, next_attempt_at), finished_at = %s,
-            claimed_until = NULL
-        WHERE id = %s AND attempts = %s AND status = 'pending'
-        """,
-        (status, next_at, finished, message.id, message.attempt),
-    ).rowcount
-    _endpoint_health(conn, message.endpoint_id, result, settings)
-    return updated == 1
-
-
-RECORD_DELIVERED_ATTEMPTS = """
-INSERT INTO webhook_attempts (tenant_id, message_id, attempt, outcome, started_at,
-                              status_code, latency_ms, response_excerpt)
-SELECT m.tenant_id, m.id, x.attempt, 'delivered', x.started_at, x.status_code, x.latency_ms,
-       x.excerpt
-FROM unnest(%s::bigint[], %s::int[], %s::timestamptz[], %s::int[], %s::int[], %s::text[])
-     AS x(id, attempt, started_at, status_code, latency_ms, excerpt)
-JOIN webhook_messages m ON m.id = x.id
-ORDER BY m.id
-ON CONFLICT (message_id, attempt, tenant_id) DO NOTHING
-"""
-RECORD_DELIVERED_MESSAGES = """
-UPDATE webhook_messages m
-SET status = 'delivered', finished_at = x.started_at, claimed_until = NULL
-FROM unnest(%s::bigint[], %s::int[], %s::timestamptz[]) AS x(id, attempt, started_at)
-WHERE m.id = x.id AND m.attempts = x.attempt AND m.status = 'pending'
-"""
-
-
-def record_delivered(conn: psycopg.Connection[Any], done: Sequence[tuple[Claimed, Attempt]]) -> int:
-    """:func:`record` for many delivered attempts at once, in three statements (recording
-    each with three of its own was the serial step a round spent most of its time in):
-    the attempts logged, the messages delivered unless another sender has them now, their
-    endpoints' failure streaks ended. How many were still this sender's."""
-    assert all(result.delivered for _, result in done)
-    if not done:
-        return 0
-    done = sorted(done, key=lambda pair: pair[0].id)
-    ids = [m.id for m, _ in done]
-    attempts = [m.attempt for m, _ in done]
-    started = [r.started_at for _, r in done]
-    conn.execute(
-        RECORD_DELIVERED_ATTEMPTS,
-        (
-            ids,
-            attempts,
-            started,
-            [r.status_code for _, r in done],
-            [r.latency_ms for _, r in done],
-            [r.excerpt[:EXCERPT_CHARS] if r.excerpt else None for _, r in done],
-        ),
-    )
-    updated = conn.execute(RECORD_DELIVERED_MESSAGES, (ids, attempts, started)).rowcount
-    conn.execute(
-        f"UPDATE webhook_endpoints SET {HEALTHY} "
-        "WHERE id = ANY(%s) AND (failing_since IS NOT NULL OR breaker_failures > 0)",
-        (sorted({m.endpoint_id for m, _ in done}),),
-    )
-    return updated
-
-
-# An answered attempt: the failure streak is over, the breaker closed.
-HEALTHY = "failing_since = NULL, breaker_failures = 0, breaker_open_until = NULL"
-
-
-def _endpoint_health(
-    conn: psycopg.Connection[Any], endpoint_id: str, result: Attempt, settings: Settings
-) -> None:
-    if result.delivered:
-        conn.execute(
-            f"UPDATE webhook_endpoints SET {HEALTHY} "
-            "WHERE id = %s AND (failing_since IS NOT NULL OR breaker_failures > 0)",
-            (endpoint_id,),
-        )
-        return
-    if breaker.trips(result.status_code, result.error):
-        _trip(conn, endpoint_id, result.started_at, settings)
-    else:  # it answered (a 4xx): the breaker closes, the failure streak goes on
-        conn.execute(
-            "UPDATE webhook_endpoints SET breaker_failures = 0, breaker_open_until = NULL "
-            "WHERE id = %s AND breaker_failures > 0",
-            (endpoint_id,),
-        )
-    row = conn.execute(
-        "UPDATE webhook_endpoints SET failing_since = coalesce(failing_since, %s) "
-        "WHERE id = %s RETURNING failing_since, enabled",
-        (result.started_at, endpoint_id),
-    ).fetchone()
-    if row is None or not row[1]:
-        return
-    failing_since = row[0]
-    if should_disable(failing_since, result.started_at, settings.webhooks_disable_after_s):
-        conn.execute(
-            "UPDATE webhook_endpoints SET enabled = false, disabled_reason = %s, "
-            "disabled_at = %s, updated_at = now() WHERE id = %s",
-            (disabled_reason(failing_since, result.started_at), result.started_at, endpoint_id),
-        )
-
-
-def _trip(
-    conn: psycopg.Connection[Any], endpoint_id: str, now: datetime, settings: Settings
-) -> None:
-    """One more failure in a row for the endpoint's breaker, which may open it."""
-    row = conn.execute(
-        "SELECT breaker_failures, breaker_open_until FROM webhook_endpoints WHERE id = %s "
-        "FOR UPDATE",
-        (endpoint_id,),
-    ).fetchone()
-    if row is None:
-        return
-    after = breaker.after_attempt(
-        breaker.Breaker(row[0], row[1]),
-        tripped=True,
-        now=now,
-        pause_s=settings.webhooks_breaker_pause_s,
-        max_pause_s=settings.webhooks_breaker_max_pause_s,
-    )
-    conn.execute(
-        "UPDATE webhook_endpoints SET breaker_failures = %s, breaker_open_until = %s WHERE id = %s",
-        (after.failures, after.open_until, endpoint_id),
-    )
-
-
 def deliver_due(
     engine: Engine, settings: Settings, send: Send, clock: Callable[[], datetime]
 ) -> int:
@@ -493,7 +286,7 @@ def deliver_due(
         sent += len(claimed)
         return wanted - len(claimed)
 
-    recorder = _Recorder(engine, settings, held)
+    recorder = Recorder(engine, settings, held)
     heartbeat = Heartbeat(renew_held, lease, clock, name="webhooks", written_at=time.monotonic())
     with heartbeat, ThreadPoolExecutor(threads, thread_name_prefix="webhook") as pool:
         # After a claim that found less than it asked for, the next waits until an
@@ -525,57 +318,6 @@ def deliver_due(
             slots.finished(attempts)  # their send slots are free at once
             if recorder.add(attempts):
                 let_go(slots.take_waiting(recorder.tripped()))
-
-
-class _Recorder:
-    """Finished attempts, recorded together a few at a time or after RECORD_EVERY_S (one
-    transaction per finished send was the round's serial bottleneck): the delivered ones
-    by :func:`record_delivered`, the others one by one by :func:`record`."""
-
-    def __init__(self, engine: Engine, settings: Settings, held: Held) -> None:
-        self._engine = engine
-        self._settings = settings
-        self._held = held
-        self._unrecorded: list[tuple[Claimed, Attempt]] = []
-        self._first_at = 0.0
-        self._tripped: set[str] = set()
-
-    @property
-    def pending(self) -> bool:
-        return bool(self._unrecorded)
-
-    def add(self, attempts: list[tuple[Claimed, Attempt]]) -> bool:
-        """Keep the attempts; record them all when it is time. Whether it was."""
-        if attempts and not self._unrecorded:
-            self._first_at = time.monotonic()
-        self._unrecorded.extend(attempts)
-        if self._unrecorded and (
-            len(self._unrecorded) >= RECORD_BATCH
-            or time.monotonic() - self._first_at >= RECORD_EVERY_S
-        ):
-            self.flush()
-            return True
-        return False
-
-    def tripped(self) -> set[str]:
-        """The endpoints whose attempts failed in the last records: their breakers count."""
-        tripped, self._tripped = self._tripped, set()
-        return tripped
-
-    def flush(self) -> None:
-        done = self._unrecorded
-        if not done:
-            return
-        with raw_transaction(self._engine) as conn:
-            record_delivered(conn, [a for a in done if a[1].delivered])
-            for message, result in done:
-                if not result.delivered:
-                    record(conn, message, result, self._settings)
-        for message, result in done:
-            self._held.drop(message)
-            if not result.delivered and breaker.trips(result.status_code, result.error):
-                self._tripped.add(message.endpoint_id)
-        self._unrecorded = []
 
 
 @contextmanager

@@ -82,8 +82,13 @@ def latencies_next_to(engine: Any, settings: Any, acme_endpoints: int) -> tuple[
             for receiver in acme:
                 receiver.hang.clear()
                 receiver.stop()
-    print(f"globex latency s: baseline {baseline}, next to {acme_endpoints} hanging {noisy}")
-    return statistics.mean(baseline), statistics.mean(noisy)
+    baseline_s, noisy_s = statistics.mean(baseline), statistics.mean(noisy)
+    print(
+        f"globex mean latency: baseline {baseline_s:.2f} s, next to {acme_endpoints} hanging "
+        f"{noisy_s:.2f} s (x{noisy_s / baseline_s:.2f}); "
+        f"max {max(baseline):.2f} / {max(noisy):.2f} s"
+    )
+    return baseline_s, noisy_s
 
 
 def test_another_tenants_webhooks_keep_their_latency_next_to_a_hanging_endpoint(
