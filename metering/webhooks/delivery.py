@@ -132,6 +132,7 @@ WITH busy AS (
         ORDER BY m.next_attempt_at, m.id
         LIMIT least(greatest(
             CASE WHEN e.breaker_open_until > %(now)s THEN 0
+                 WHEN e.breaker_failures > 0 AND NOT %(probes)s THEN 0
                  WHEN e.breaker_failures >= %(half_open_after)s THEN 1
                  ELSE %(per_endpoint)s END - coalesce(b.held, 0), 0), %(limit)s)
     ) c
@@ -154,10 +155,13 @@ def claim(
     limit: int,
     lease: timedelta,
     per_endpoint: int = 1_000_000,
+    *,
+    probes: bool = True,
 ) -> list[Claimed]:
     """Lease up to ``limit`` due messages, each the head of its (endpoint, run) line, of
     enabled endpoints, no endpoint above ``per_endpoint`` leased at once (or its breaker's
-    allowance), the longest due first."""
+    allowance), endpoints in turn, the longest due first. ``probes=False``: nothing for an
+    endpoint whose last attempt failed (its next may hang for the whole timeout)."""
     if limit <= 0:
         return []
     conn.execute("SELECT pg_advisory_xact_lock(%s)", (CLAIM_LOCK_KEY,))
@@ -169,6 +173,7 @@ def claim(
             "until": now + lease,
             "per_endpoint": per_endpoint,
             "half_open_after": breaker.HALF_OPEN_AFTER,
+            "probes": probes,
         },
     ).fetchall()
     return [
@@ -243,9 +248,11 @@ def deliver_due(
     Fair share: a message claimed ahead is let go (:func:`release`) as soon as it could
     only wait: its endpoint's attempt failed (the breaker now says how many it may have),
     or the deadline came. Past the deadline the round claims nothing ahead, only what
-    its endpoints' send shares can start at once, and only while its sends run (at most
-    one ``webhooks_timeout_s`` more): a hanging receiver's sends keep the round's worker
-    process, never the other endpoints' messages.
+    its endpoints' send shares can start at once, for endpoints whose last attempt did not
+    fail,
+    and only while its sends run, at most one ``webhooks_timeout_s`` more (so a round lasts
+    at most its deadline and two timeouts): a hanging receiver's sends keep the round's
+    worker process, never the other endpoints' messages.
     """
     lease = timedelta(seconds=settings.webhooks_lease_s)
     threads = max(1, settings.webhooks_delivery_threads)
@@ -263,7 +270,7 @@ def deliver_due(
     def one(message: Claimed) -> tuple[Claimed, Attempt]:
         return message, attempt(message, settings, send, clock)
 
-    def let_go(messages: list[Claimed]) -> None:
+    def let_go(messages: list[Claimed]) -> bool:
         nonlocal sent
         if messages:
             for message in messages:
@@ -271,6 +278,7 @@ def deliver_due(
             with raw_transaction(engine) as conn:
                 release(conn, messages)
             sent -= len(messages)
+        return bool(messages)
 
     def claim_now(ahead: bool) -> int:
         nonlocal sent
@@ -280,7 +288,10 @@ def deliver_due(
             wanted = threads - slots.busy
         cap = per_endpoint * CLAIMS_PER_SLOT if ahead else per_endpoint
         with raw_transaction(engine) as conn:
-            claimed = claim(conn, clock(), wanted, lease, cap)
+            # The tail sends nothing to an endpoint that just failed: a send to a hanging
+            # receiver would keep the round (and every other endpoint's next messages) a
+            # whole timeout longer.
+            claimed = claim(conn, clock(), wanted, lease, cap, probes=ahead)
         held.add(claimed)
         slots.add(claimed)
         sent += len(claimed)
@@ -304,8 +315,10 @@ def deliver_due(
                 short_at = time.monotonic() if claim_now(ahead) > 0 else None
                 slots.drained = False
             slots.start(pool, one)
-            if not ahead:  # what could not start at once is let go, not held
-                let_go(slots.take_waiting())
+            # What could not start at once is let go, not held (and not claimed again
+            # before CLAIM_EVERY_S).
+            if not ahead and let_go(slots.take_waiting()):
+                short_at = time.monotonic()
             if not slots.running:
                 recorder.flush()
                 return sent

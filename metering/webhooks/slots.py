@@ -136,13 +136,16 @@ class Recorder:
         return bool(self._unrecorded)
 
     def add(self, attempts: list[tuple[Claimed, Attempt]]) -> bool:
-        """Keep the attempts; record them all when it is time. Whether it was."""
+        """Keep the attempts; record them all when it is time (at once when one tripped its
+        endpoint's breaker: the round must not send that endpoint's next message first).
+        Whether it was."""
         if attempts and not self._unrecorded:
             self._first_at = time.monotonic()
         self._unrecorded.extend(attempts)
         if self._unrecorded and (
             len(self._unrecorded) >= RECORD_BATCH
             or time.monotonic() - self._first_at >= RECORD_EVERY_S
+            or any(_tripped(result) for _, result in attempts)
         ):
             self.flush()
             return True
@@ -164,6 +167,10 @@ class Recorder:
                     record(conn, message, result, self._settings)
         for message, result in done:
             self._held.drop(message)
-            if not result.delivered and breaker.trips(result.status_code, result.error):
+            if _tripped(result):
                 self._tripped.add(message.endpoint_id)
         self._unrecorded = []
+
+
+def _tripped(result: Attempt) -> bool:
+    return not result.delivered and breaker.trips(result.status_code, result.error)

@@ -71,6 +71,7 @@ def test_a_claim_probes_each_messages_run_line_instead_of_walking_the_backlog(en
         "until": now + timedelta(seconds=30),
         "per_endpoint": 1_000_000,
         "half_open_after": HALF_OPEN_AFTER,
+        "probes": True,
     }
     with raw_transaction(engine) as conn:
         ((explained,),) = conn.execute(
