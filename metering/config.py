@@ -295,7 +295,9 @@ class Settings(BaseSettings):
     webhooks_delivery_threads: int = 16
     webhooks_endpoint_concurrency: int = 8
     # A delivery task keeps claiming what became due (a run's next message once the one
-    # before it is delivered) for this long before it leaves the rest to the next one.
+    # before it is delivered) for this long; then it lets go of what it has not started,
+    # sends only what can go at once while its running sends finish, and leaves the rest
+    # to the next one.
     webhooks_round_s: float = 10.0
     # Delivery rounds at once across all workers (each sends ``webhooks_delivery_threads``
     # at a time); more rounds than this leave at once, so the rest of a worker's processes

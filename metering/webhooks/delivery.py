@@ -20,7 +20,8 @@ endpoint's new messages waiting, since a second round would need a second worker
 (settlement needs one too, and a worker may run only two): so, rather than raising
 ``webhooks_delivery_rounds`` or giving up the round slot while its own sends still run,
 the round goes on claiming during its tail, but only what can be sent at once (each
-endpoint's send share, nothing ahead), and stops at one timeout past the deadline.
+endpoint's send share, nothing ahead, nothing for an endpoint whose last attempt failed),
+and stops at one timeout past the deadline.
 """
 
 from __future__ import annotations
