@@ -308,12 +308,20 @@ class Settings(BaseSettings):
     webhooks_delivery_threads: int = 16
     webhooks_endpoint_concurrency: int = 8
     # A delivery task keeps claiming what became due (a run's next message once the one
-    # before it is delivered) for this long before it leaves the rest to the next one.
+    # before it is delivered) for this long; then it lets go of what it has not started,
+    # sends only what can go at once while its running sends finish, and leaves the rest
+    # to the next one.
     webhooks_round_s: float = 10.0
     # Delivery rounds at once across all workers (each sends ``webhooks_delivery_threads``
     # at a time); more rounds than this leave at once, so the rest of a worker's processes
     # stay free for settlement and fan-out. Raise it with the number of worker hosts.
     webhooks_delivery_rounds: int = 1
+    # An endpoint failing in a row (timeouts, refused connections, 5xx) gets one probing
+    # send at a time, then none for a pause doubling from the first to the second figure
+    # (metering/webhooks/breaker.py); one answered attempt ends it. The cap is the first
+    # retry wait: a message's retries keep their schedule within that.
+    webhooks_breaker_pause_s: float = 1.0
+    webhooks_breaker_max_pause_s: float = 5.0
     # A notification id the fan-out passed over (its transaction had not committed yet) is
     # looked for again until this long after: longer than any transaction that records one
     # may stay open (the tasks' hard limit is 150 s).
