@@ -39,6 +39,7 @@ from metering.ingest.spans import (
     by_run,
     partial_success_message,
     prepare_spans,
+    refused_reasons,
 )
 from metering.keys import Scope
 from metering.otlp import decode_otlp_json, map_spans
@@ -162,7 +163,7 @@ async def _store(prepared: PreparedRequest, services: Services) -> list[str]:
     try:
         result = await store_request(prepared, services)
         record_ingest(result.accepted, result.duplicates)
-        return []
+        return refused_reasons(result)
     except MeteringError:
         pass
     reasons: list[str] = []
@@ -170,6 +171,7 @@ async def _store(prepared: PreparedRequest, services: Services) -> list[str]:
         try:
             result = await store_request(run, services)
             record_ingest(result.accepted, result.duplicates)
+            reasons.extend(refused_reasons(result))
         except MeteringError as refusal:
             record_rejection(len(run.events), refusal.code)
             subject = run.events[0].subject

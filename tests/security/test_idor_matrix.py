@@ -129,7 +129,9 @@ def bodies(data: TenantData) -> dict[str, tuple[str, bytes]]:
         "PolicyCreate": as_json({"document": {}, "note": "probe"}),
         "WhatIfRequest": as_json({"period": "current", "document": {"rules": {"R4": False}}}),
         "POST /v1/events": ("application/cloudevents+json", json.dumps(event).encode()),
-        "POST /v1/traces": ("application/json", one_chat_json(data.runs[0], data.customer)),
+        # Another of A's runs than the CloudEvent's: the prober's own run of that name would
+        # have its usage through CloudEvents already, and the refusal names the run it sent.
+        "POST /v1/traces": ("application/json", one_chat_json(data.runs[1], data.customer)),
     }
 
 
