@@ -1,0 +1,71 @@
+"""Concurrent policy writes serialise cleanly (issue #30, item 8): against the served API, each
+gets the next version, or a retryable 409 — never a 422 about ``effective_from`` it never sent.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Any
+
+import httpx
+
+from tests.helpers.events import auth
+
+WRITERS = 20
+WRITES_EACH = 2
+# One patience for every wait here: a reply on a loaded 2-core host, and retries of a 409.
+PATIENCE_S = 60.0
+
+
+def write_until_stored(base: str, key: str, cap_runs: int, replies: list[Any]) -> None:
+    """POST a version as a client would: a retryable 409 is retried after its Retry-After."""
+    deadline = time.monotonic() + PATIENCE_S
+    while True:
+        reply = httpx.post(
+            f"{base}/v1/policies",
+            json={"document": {"cap_runs": cap_runs}},
+            headers=auth(key),
+            timeout=PATIENCE_S,
+        )
+        replies.append(reply)
+        retryable = reply.status_code == 409 and "retry-after" in reply.headers
+        if not retryable or time.monotonic() > deadline:
+            return
+        time.sleep(float(reply.headers["retry-after"]))
+
+
+def test_concurrent_writes_each_get_the_next_version(live_server, make_key):
+    tenant = f"pol-{uuid.uuid4().hex[:12]}"  # versions are append-only: a tenant of its own
+    key = make_key(tenant=tenant, scope="admin")
+    replies: list[Any] = []
+    start = threading.Barrier(WRITERS)
+
+    def writer(index: int) -> None:
+        start.wait()
+        for n in range(WRITES_EACH):
+            write_until_stored(live_server, key, index * WRITES_EACH + n, replies)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(WRITERS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(PATIENCE_S * 2)
+    unexpected = [
+        (r.status_code, r.text)
+        for r in replies
+        if r.status_code != 201
+        and not (r.status_code == 409 and r.json()["code"] == "policy_write_conflict")
+    ]
+    assert not unexpected, unexpected
+    stored = sorted(r.json()["version"] for r in replies if r.status_code == 201)
+    assert stored == list(range(1, WRITERS * WRITES_EACH + 1))  # each once, no gaps
+    listed = httpx.get(f"{live_server}/v1/policies", headers=auth(key), timeout=PATIENCE_S)
+    versions = listed.json()
+    assert [v["version"] for v in versions] == list(range(WRITERS * WRITES_EACH + 1))
+    starts = [v["effective_from"] for v in versions[1:]]
+    assert starts == sorted(starts)  # numbers and effect in one order
+    assert sorted(v["document"]["cap_runs"] for v in versions[1:]) == list(
+        range(WRITERS * WRITES_EACH)
+    )
