@@ -146,6 +146,8 @@ def lock_policy(conn: psycopg.Connection[Any], tenant_id: str, wait_s: float) ->
     read after the lock is later than every version written before it. A writer still
     queued after ``wait_s`` gets a retryable 409 ``policy_write_conflict``.
     """
+    prior = conn.execute("SELECT current_setting('lock_timeout')").fetchone()
+    assert prior is not None
     conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{int(wait_s * 1000)}ms",))
     try:
         conn.execute(
@@ -157,8 +159,9 @@ def lock_policy(conn: psycopg.Connection[Any], tenant_id: str, wait_s: float) ->
             code="policy_write_conflict",
             retry_after_s=1,
         ) from None
-    conn.execute("SELECT set_config('lock_timeout', '0', true)")
-    clock = conn.execute("SELECT clock_timestamp()").fetchone()
+    clock = conn.execute(
+        "SELECT clock_timestamp(), set_config('lock_timeout', %s, true)", (prior[0],)
+    ).fetchone()
     assert clock is not None
     return clock[0]  # type: ignore[no-any-return]
 

@@ -4,14 +4,17 @@ gets the next version, or a retryable 409 — never a 422 about ``effective_from
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
 from typing import Any
 
 import httpx
+import psycopg
 
 from tests.helpers.events import auth
+from tests.security.harness import client_with
 
 WRITERS = 20
 WRITES_EACH = 2
@@ -69,3 +72,26 @@ def test_concurrent_writes_each_get_the_next_version(live_server, make_key):
     assert sorted(v["document"]["cap_runs"] for v in versions[1:]) == list(
         range(WRITERS * WRITES_EACH)
     )
+
+
+def test_a_writer_queued_too_long_gets_a_retryable_409(settings, make_key, db):
+    """Another write holding the tenant's policy lock past the wait: 409 with Retry-After,
+    nothing written; once the lock is free the same request is stored."""
+    tenant = f"pol-{uuid.uuid4().hex[:12]}"
+    key = make_key(tenant=tenant, scope="admin")
+    body = json.dumps({"document": {"cap_runs": 3}})
+    headers = auth(key, **{"content-type": "application/json"})
+    with (
+        client_with(settings, policy_write_wait_s=0.2) as client,
+        psycopg.connect(db.info.dsn) as holder,
+    ):
+        holder.execute(
+            "SELECT pg_advisory_xact_lock(hashtext('policy_versions:' || %s))", (tenant,)
+        )
+        refused = client.post("/v1/policies", content=body, headers=headers)
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["code"] == "policy_write_conflict"
+        assert refused.headers["retry-after"] == "1"
+        holder.rollback()
+        stored = client.post("/v1/policies", content=body, headers=headers)
+        assert (stored.status_code, stored.json()["version"]) == (201, 1), stored.text
