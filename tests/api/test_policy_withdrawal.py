@@ -120,6 +120,11 @@ def test_only_a_version_not_yet_in_effect_can_be_withdrawn(client, tenant, make_
     assert create(client, key, document={}, effective_from=scheduled.isoformat()).status_code == 201
     assert withdraw(client, key, 2).status_code == 200  # no body: no reason
     assert client.get("/v1/policies/2", headers=auth(key)).json()["withdrawn"]["reason"] == ""
+    from tests.security.test_console_sessions import sign_in, visit
+
+    page = visit(client, sign_in(client, key), "/console/policies").text
+    assert '<tr data-version="2">' in page and 'data-state="withdrawn"' in page
+    assert "In force: version 1" in page
     too_long = withdraw(client, key, 2, reason="x" * 2001)
     assert too_long.status_code == 422
     assert too_long.json()["errors"][0]["path"] == "$.reason"
