@@ -101,7 +101,7 @@ async def withdraw_policy(
     request: Request[Any, Any, Any],
     version: FromPath[int],
     state: State,
-    data: JSONBody[PolicyWithdraw | None] = None,
+    data: JSONBody[PolicyWithdraw],
 ) -> PolicyReply:
     """200 with the version, withdrawn; the same reply again for a version already
     withdrawn. 409 ``policy_version_in_force`` once it has taken effect."""
@@ -114,7 +114,7 @@ async def withdraw_policy(
                 _known(version),
                 withdrawn_by=principal.key_id,
                 defaults=settings_policy(services.settings),
-                reason="" if data is None else data.reason,
+                reason=data.reason,
                 wait_s=services.settings.policy_write_wait_s,
             )
         return policy_reply(withdrawn, in_force=False)

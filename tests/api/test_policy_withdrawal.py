@@ -36,9 +36,9 @@ def create(client: Any, key: str, **body: Any) -> Any:
 
 
 def withdraw(client: Any, key: str, version: int, **body: Any) -> Any:
-    content = json.dumps(body) if body else None
-    headers = auth(key, **JSON) if body else auth(key)
-    return client.post(f"/v1/policies/{version}/withdraw", content=content, headers=headers)
+    return client.post(
+        f"/v1/policies/{version}/withdraw", content=json.dumps(body), headers=auth(key, **JSON)
+    )
 
 
 def test_an_effective_from_beyond_the_horizon_is_refused_naming_it(client, tenant):
@@ -118,7 +118,7 @@ def test_only_a_version_not_yet_in_effect_can_be_withdrawn(client, tenant, make_
     assert (unknown.status_code, unknown.json()["code"]) == (404, "policy_version_not_found")
     scheduled = datetime.now(UTC) + timedelta(days=2)
     assert create(client, key, document={}, effective_from=scheduled.isoformat()).status_code == 201
-    assert withdraw(client, key, 2).status_code == 200  # no body: no reason
+    assert withdraw(client, key, 2).status_code == 200  # {}: no reason
     assert client.get("/v1/policies/2", headers=auth(key)).json()["withdrawn"]["reason"] == ""
     from tests.security.test_console_sessions import sign_in, visit
 

@@ -128,8 +128,7 @@ def bodies(data: TenantData) -> dict[str, tuple[str, bytes]]:
         "RedeliverSince": as_json({"since": "2020-01-01T00:00:00Z"}),
         # A version that changes nothing: the probing tenant's settlement stays as it was.
         "PolicyCreate": as_json({"document": {}, "note": "probe"}),
-        # Its body is optional (``PolicyWithdraw`` or nothing): the schema has no one name.
-        "POST /v1/policies/{version}/withdraw": as_json({"reason": "probe"}),
+        "PolicyWithdraw": as_json({"reason": "probe"}),
         "WhatIfRequest": as_json({"period": "current", "document": {"rules": {"R4": False}}}),
         "POST /v1/events": ("application/cloudevents+json", json.dumps(event).encode()),
         "POST /v1/traces": ("application/json", one_chat_json(data.runs[0], data.customer)),
