@@ -191,7 +191,8 @@ def start_of(
         raise _problem([FieldError("$.effective_from", "effective_from_in_past", message)])
     if max_lead_s is not None and sent > now + timedelta(seconds=max_lead_s):
         horizon = (now + timedelta(seconds=max_lead_s)).isoformat()
-        message = f"at most {max_lead_s // 86400} days ahead (the horizon): not after {horizon}"
+        lead = f"{max_lead_s} s ({max_lead_s / 86400:g} days)"
+        message = f"at most {lead} ahead (the horizon): not after {horizon}"
         raise _problem([FieldError("$.effective_from", "effective_from_too_far", message)])
     return sent
 
