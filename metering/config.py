@@ -165,6 +165,13 @@ class Settings(BaseSettings):
     # own process only.
     whatif_processes: int = Field(default=0, ge=0, le=64)
 
+    # Policy versions (docs/policies.md): a version's ``effective_from`` is at most this far
+    # ahead, so a mistyped year (9999, 2062 for 2026) is refused instead of scheduling a
+    # version every later one must follow. Writers of one tenant's policy queue on its lock
+    # at most ``policy_write_wait_s``, then get a retryable 409 ``policy_write_conflict``.
+    policy_max_lead_s: int = Field(default=366 * 24 * 3600, ge=0)
+    policy_write_wait_s: float = Field(default=5.0, gt=0)
+
     # Protection cap (R8), per customer per calendar month (UTC).
     cap_fraction_ppm: int = 250_000
     cap_floor_micros: int = 5_000_000

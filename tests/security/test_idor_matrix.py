@@ -54,6 +54,7 @@ TENANT_TABLES = (
     "events",
     "ledger_entries",
     "policy_versions",
+    "policy_withdrawals",
     "runs",
     "statement_lines",
     "statement_totals",
@@ -127,6 +128,7 @@ def bodies(data: TenantData) -> dict[str, tuple[str, bytes]]:
         "RedeliverSince": as_json({"since": "2020-01-01T00:00:00Z"}),
         # A version that changes nothing: the probing tenant's settlement stays as it was.
         "PolicyCreate": as_json({"document": {}, "note": "probe"}),
+        "PolicyWithdraw": as_json({"reason": "probe"}),
         "WhatIfRequest": as_json({"period": "current", "document": {"rules": {"R4": False}}}),
         "POST /v1/events": ("application/cloudevents+json", json.dumps(event).encode()),
         # Another of A's runs than the CloudEvent's: the prober's own run of that name would
