@@ -20,8 +20,7 @@ import sqlalchemy as sa
 
 # revision identifiers, used by Alembic.
 revision: str = "0031"
-# TEMPORARY: chained to 0029 until 0030 (written at the same time) is merged; then "0030".
-down_revision: Union[str, Sequence[str], None] = "0029"
+down_revision: Union[str, Sequence[str], None] = "0030"
 branch_labels: Union[str, Sequence[str], None] = None
 depends_on: Union[str, Sequence[str], None] = None
 
