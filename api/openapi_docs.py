@@ -262,3 +262,43 @@ class StripeWebhookOperation(Operation):
                 )
             },
         )
+
+
+_HTML_PAGE = OpenAPIMediaType(
+    schema=Schema(type=OpenAPIType.STRING, description="An HTML page (text/html; charset=utf-8)")
+)
+
+
+def _with_200(operation: Operation, description: str, content: dict[str, Any]) -> None:
+    """Replace the 200 Litestar infers from a ``Response[Any]`` annotation (``application/json``
+    of anything) with what the handler really sends, keeping the documented problems."""
+    responses = dict(operation.responses or {})
+    responses["200"] = OpenAPIResponse(description=description, content=content)
+    operation.responses = responses
+
+
+@dataclass
+class StatementOperation(Operation):
+    """GET a customer's statement: JSON, CSV or HTML, chosen by the path's suffix or Accept."""
+
+    def __post_init__(self) -> None:
+        _with_200(
+            self,
+            "The statement: JSON by default, CSV for `.csv` or `Accept: text/csv`, an HTML "
+            "page for `.html` or `Accept: text/html`.",
+            {
+                "application/json": OpenAPIMediaType(schema=Schema(type=OpenAPIType.OBJECT)),
+                "text/csv": OpenAPIMediaType(
+                    schema=Schema(type=OpenAPIType.STRING, description="One line per run")
+                ),
+                "text/html": _HTML_PAGE,
+            },
+        )
+
+
+@dataclass
+class StatementPageOperation(Operation):
+    """GET a statement through a signed link: always the HTML page a browser shows."""
+
+    def __post_init__(self) -> None:
+        _with_200(self, "The customer's statement page.", {"text/html": _HTML_PAGE})

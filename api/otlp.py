@@ -49,6 +49,7 @@ from metering.ingest.spans import (
     by_run,
     partial_success_message,
     prepare_spans,
+    refused_reasons,
 )
 from metering.ingest.store import IngestResult
 from metering.keys import Principal, Scope
@@ -120,22 +121,47 @@ def _prepare(
 
 
 def _inflated(request: Request[Any, Any, Any], body: bytes, max_body_bytes: int) -> bytes:
+    """The body inflated: every member of a gzip body (RFC 1952 §2.2: a gzip file is a
+    series of members; reading only the first dropped the rest's spans unbilled), all
+    members together at most ``MAX_INFLATION`` × the body limit; bytes after a member that
+    are not a member themselves are a 400."""
     coding = request.headers.get("content-encoding", "identity").strip().lower()
     if coding in ("", "identity"):
         return body
     if coding != "gzip":
         raise unsupported_media_type(f"Content-Encoding {coding!r}: send gzip or none")
     limit = max_body_bytes * MAX_INFLATION
-    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # gzip framing
-    try:
-        inflated = inflater.decompress(body, limit)
-    except zlib.error as error:
-        raise bad_request(f"the body is not gzip: {error}", code="invalid_gzip") from error
-    if inflater.unconsumed_tail:
-        raise payload_too_large(f"a gzip body inflates to at most {limit} bytes")
-    if not inflater.eof:
-        raise bad_request("the gzip body is truncated", code="invalid_gzip")
-    return inflated
+    inflated = bytearray()
+    compressed = memoryview(body)
+    position = _inflate_member(compressed, 0, inflated, limit)
+    while position < len(compressed):
+        position = _inflate_member(compressed, position, inflated, limit)
+    return bytes(inflated)
+
+
+def _inflate_member(compressed: memoryview, start: int, inflated: bytearray, limit: int) -> int:
+    """Inflate the member at ``start`` onto ``inflated``; where the next one starts. The input
+    goes in doubling slices: zlib copies what follows a member's end (``unused_data``), and a
+    body of many tiny members must not copy the whole rest of the body once per member."""
+    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # gzip framing, one member
+    position, step = start, 64
+    while not inflater.eof:
+        if position == len(compressed):
+            raise bad_request("the gzip body is truncated", code="invalid_gzip")
+        piece = compressed[position : position + step]
+        position, step = position + len(piece), min(step * 2, 64 * 1024)
+        try:
+            inflated += inflater.decompress(piece, limit - len(inflated) + 1)
+        except zlib.error as error:
+            what = (
+                f"the bytes at offset {start} are not a gzip member"
+                if start
+                else "the body is not gzip"
+            )
+            raise bad_request(f"{what}: {error}", code="invalid_gzip") from error
+        if len(inflated) > limit or inflater.unconsumed_tail:
+            raise payload_too_large(f"a gzip body inflates to at most {limit} bytes")
+    return position - len(inflater.unused_data)
 
 
 def _decode(body: bytes, encoding: str) -> ExportTraceServiceRequest:
@@ -174,7 +200,7 @@ async def _store(prepared: PreparedRequest, services: Services, guard: QueryGuar
     try:
         result = await _store_one(prepared, services, guard)
         record_ingest(result.accepted, result.duplicates)
-        return []
+        return refused_reasons(result)
     except MeteringError:
         pass
     reasons: list[str] = []
@@ -182,6 +208,7 @@ async def _store(prepared: PreparedRequest, services: Services, guard: QueryGuar
         try:
             result = await _store_one(run, services, guard)
             record_ingest(result.accepted, result.duplicates)
+            reasons.extend(refused_reasons(result))
         except MeteringError as refusal:
             record_rejection(len(run.events), refusal.code)
             subject = run.events[0].subject

@@ -1,4 +1,5 @@
-"""/v1/policies — a tenant's protection policy versions: write, list, read, diff (admin)."""
+"""/v1/policies — a tenant's protection policy versions: write, withdraw, list, read, diff
+(admin)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from api.policy_wire import (
     PolicyCreate,
     PolicyDiffReply,
     PolicyReply,
+    PolicyWithdraw,
     WhatIfReply,
     WhatIfRequest,
     csv_table,
@@ -32,6 +34,7 @@ from metering.errors import not_found
 from metering.keys import Principal, Scope
 from metering.policies import versions
 from metering.policies.defaults import settings_policy
+from metering.policies.withdrawals import withdraw_version
 from metering.settlement.replay_shards import Parallelism
 from metering.settlement.whatif import what_if
 
@@ -55,7 +58,7 @@ def _known(version: int) -> int:
     tags=["policies"],
     summary="Write the tenant's next policy version (fields left out keep the latest's)",
     security=ADMIN,
-    responses=problems(*AUTHENTICATED, 413, 422),
+    responses=problems(*AUTHENTICATED, 409, 413, 422),
 )
 async def create_policy(
     request: Request[Any, Any, Any], data: JSONBody[PolicyCreate], state: State
@@ -67,20 +70,55 @@ async def create_policy(
             if data.effective_from is None
             else rfc3339(data.effective_from, "$.effective_from")
         )
-        now = _now()
+        settings = services.settings
         with raw_transaction(services.engine) as conn:
+            # The clock is read once the tenant's lock is held (lock before clock).
             made = versions.create_version(
                 conn,
                 principal.tenant_id,
                 data.document,
                 created_by=principal.key_id,
-                now=now,
-                defaults=settings_policy(services.settings),
+                defaults=settings_policy(settings),
                 effective_from=start,
                 note=data.note,
+                max_lead_s=settings.policy_max_lead_s,
+                wait_s=settings.policy_write_wait_s,
             )
-        started = made.effective_from is not None and made.effective_from <= now
+        started = start is None or start <= _now()  # sent: the version starts then
         return policy_reply(made, in_force=started)
+
+    return await as_admin(request, state, work)
+
+
+@post(
+    "/v1/policies/{version:int}/withdraw",
+    status_code=200,
+    tags=["policies"],
+    summary="Withdraw a version that has not taken effect; it is then never in force",
+    security=ADMIN,
+    responses=problems(*AUTHENTICATED, 404, 409, 413, 422),
+)
+async def withdraw_policy(
+    request: Request[Any, Any, Any],
+    version: FromPath[int],
+    state: State,
+    data: JSONBody[PolicyWithdraw],
+) -> PolicyReply:
+    """200 with the version, withdrawn; the same reply again for a version already
+    withdrawn. 409 ``policy_version_in_force`` once it has taken effect."""
+
+    def work(services: Services, principal: Principal) -> PolicyReply:
+        with raw_transaction(services.engine) as conn:
+            withdrawn = withdraw_version(
+                conn,
+                principal.tenant_id,
+                _known(version),
+                withdrawn_by=principal.key_id,
+                defaults=settings_policy(services.settings),
+                reason=data.reason,
+                wait_s=services.settings.policy_write_wait_s,
+            )
+        return policy_reply(withdrawn, in_force=False)
 
     return await as_admin(request, state, work)
 
@@ -96,7 +134,7 @@ async def list_policies(request: Request[Any, Any, Any], state: State) -> list[P
     def work(services: Services, principal: Principal) -> list[PolicyReply]:
         defaults = settings_policy(services.settings)
         with raw_transaction(services.engine) as conn:
-            found = versions.list_versions(conn, principal.tenant_id, defaults)
+            found = versions.list_versions(conn, principal.tenant_id, defaults, withdrawn=True)
         current = versions.in_force_at(found, _now())
         return [policy_reply(v, in_force=v.version == current) for v in found]
 
@@ -144,7 +182,7 @@ async def get_policy(
     def work(services: Services, principal: Principal) -> PolicyReply:
         defaults = settings_policy(services.settings)
         with raw_transaction(services.engine) as conn:
-            found = versions.list_versions(conn, principal.tenant_id, defaults)
+            found = versions.list_versions(conn, principal.tenant_id, defaults, withdrawn=True)
         current = versions.in_force_at(found, _now())
         wanted = [v for v in found if v.version == _known(version)]
         if not wanted:
@@ -206,6 +244,7 @@ async def policy_what_if(
 POLICY_HANDLERS = [
     shared_options("/v1/policies"),
     create_policy,
+    withdraw_policy,
     list_policies,
     diff_policies,
     get_policy,

@@ -30,9 +30,24 @@ class PolicyCreate(msgspec.Struct, forbid_unknown_fields=True):
     ]
     effective_from: Annotated[
         str | None,
-        msgspec.Meta(description="RFC 3339 time with its zone; default now. Never in the past."),
+        msgspec.Meta(
+            description=(
+                "RFC 3339 time with its zone; default now. Never in the past, never before "
+                "the latest version's, at most the horizon ahead (default 366 days)."
+            )
+        ),
     ] = None
     note: str = ""
+
+
+class PolicyWithdraw(msgspec.Struct, forbid_unknown_fields=True):
+    reason: Annotated[str, msgspec.Meta(description="Why, shown beside the version.")] = ""
+
+
+class PolicyWithdrawal(msgspec.Struct):
+    withdrawn_at: datetime
+    withdrawn_by: str  # the admin key's id ("cli" from the command line)
+    reason: str
 
 
 class PolicyReply(msgspec.Struct):
@@ -43,6 +58,7 @@ class PolicyReply(msgspec.Struct):
     note: str
     in_force: bool  # in force now (a version may be written to take effect later)
     document: dict[str, Any]
+    withdrawn: PolicyWithdrawal | None = None  # withdrawn before it took effect: never in force
 
 
 class PolicyChange(msgspec.Struct):
@@ -66,7 +82,13 @@ def policy_reply(version: PolicyVersion, in_force: bool) -> PolicyReply:
         note=version.note,
         in_force=in_force,
         document=version.document.as_json(),
+        withdrawn=_withdrawal(version),
     )
+
+
+def _withdrawal(version: PolicyVersion) -> PolicyWithdrawal | None:
+    done = version.withdrawn
+    return None if done is None else PolicyWithdrawal(done.at, done.by, done.reason)
 
 
 class WhatIfRequest(msgspec.Struct, forbid_unknown_fields=True):

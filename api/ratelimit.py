@@ -10,13 +10,26 @@ so batching does not multiply what a key may store.
 A key id that no API process has found in the database lately is counted against the
 client address *before* it is looked up: forged keys with fresh ids, which would each cost a
 database read, cost at most the anonymous limit's worth per window. The key ids found are
-shared in Redis (``<prefix>:found:<key id>``, kept for the key cache's TTL), because a
-process's own memory is not enough: behind a proxy every client has the proxy's address, and
-one tenant's forged flood at a freshly started process would otherwise refuse another
-tenant's first request there. Only ids found in the database are written, so a flood adds
-nothing to Redis; each forged key costs one Redis read (``EXISTS``), also once the address's
-budget is spent, but never a database read. The address is the connecting peer's, or the
-``X-Forwarded-For`` client when the peer is one of ``trusted_proxies`` (api/forwarded.py).
+shared in Redis (``<prefix>:found:<key id>``, kept for ``rate_limit_found_key_ttl_s``, a
+week, renewed by each lookup that finds it again), because a process's own memory is not
+enough: behind a proxy or a NAT many clients share an address, and one tenant's forged flood
+at a freshly started process would otherwise refuse another tenant's first request there.
+The memory outlasts the key cache (30 s) because a key idle for longer is just as real: with
+the cache's TTL, a tenant's first request after a quiet minute was refused by a flood. Only
+ids found in the database are written, so a flood adds nothing to Redis; each forged key
+costs one Redis read (``EXISTS``), also once the address's budget is spent, but never a
+database read; a remembered id costs a process one lookup per key cache TTL, and one that
+turns out revoked is then paid for by the address like any invalid key.
+
+The address is the connecting peer's, or the ``X-Forwarded-For`` client when the peer is one
+of ``trusted_proxies`` (api/forwarded.py). Behind a load balancer or reverse proxy
+``FAIRMETER_TRUSTED_PROXIES`` is REQUIRED: without it every client arrives from the proxy's
+address, all of them share that one anonymous budget, and one client's flood of forged keys
+(or of requests without a key) gets every other client's unauthenticated requests, and the
+first request of any key no process has found within ``rate_limit_found_key_ttl_s``,
+refused with 429. Set it to the proxy's addresses (comma-separated IPs or CIDRs, e.g.
+``10.0.0.0/8``); api/forwarded.py logs one warning per process when a peer that is not
+listed sends ``X-Forwarded-For``.
 
 Counting is asynchronous (``redis.asyncio``, no thread per request) and, for large limits,
 leased: a process takes 1 % of a window's budget from Redis in one ``INCRBY`` and spends it
@@ -120,7 +133,7 @@ class RateLimiter:
     def __init__(self, client: redis.asyncio.Redis, keys: KeyStore, settings: Settings) -> None:
         self._redis = client
         self._script = client.register_script(_WINDOW_SCRIPT)
-        self._found_ttl_ms = max(1, int(settings.key_cache_ttl_s * 1000))
+        self._found_ttl_ms = max(1, int(settings.rate_limit_found_key_ttl_s * 1000))
         self._keys = keys
         self._settings = settings
         self._window_ms = max(1, int(settings.rate_limit_window_s * 1000))
@@ -195,9 +208,9 @@ class RateLimiter:
         A key id that no process has found lately is paid for out of the address's budget
         *before* it is looked up: forged keys with fresh key ids then cost at most the
         anonymous limit in database reads per window, and none once it is spent (unknown ids
-        are cached too). A key id found by this process or, within the key cache's TTL, by
-        any other, skips that budget: another tenant's flood from the same address cannot
-        refuse it.
+        are cached too). A key id found by this process or, within
+        ``rate_limit_found_key_ttl_s``, by any other, skips that budget: another tenant's
+        flood from the same address cannot refuse it.
         """
         address = f"ip:{client_host}", self._settings.rate_limit_anonymous_requests
         token = _bearer_token(authorization)
@@ -226,8 +239,9 @@ class RateLimiter:
         return await self.hit(f"key:{principal.key_id}", self._limits[principal.scope])
 
     async def _found_elsewhere(self, key_id: str) -> bool:
-        """Whether some API process found ``key_id`` in the database within the key cache's
-        TTL (False when Redis cannot be asked: the address's hit then lets it through)."""
+        """Whether some API process found ``key_id`` in the database within
+        ``rate_limit_found_key_ttl_s`` (False when Redis cannot be asked: the address's hit
+        then lets it through)."""
         if time.monotonic() < self._redis_down_until:
             return False
         try:
@@ -237,8 +251,9 @@ class RateLimiter:
             return False
 
     async def _share_if_found(self, token: str, key_id: str) -> None:
-        """Tell the other processes that ``key_id`` exists, for the key cache's TTL; called
-        after each database lookup, so a key in use stays shared and a forged id never is."""
+        """Tell the other processes that ``key_id`` exists, for ``rate_limit_found_key_ttl_s``;
+        called after each database lookup, so a key in use stays shared and a forged id never
+        is."""
         if not self._keys.was_found(token) or time.monotonic() < self._redis_down_until:
             return
         try:

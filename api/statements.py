@@ -21,7 +21,13 @@ from litestar.response import Stream
 
 from api.amounts import usd_html
 from api.html_security import html_headers, new_nonce
-from api.openapi_docs import AUTHENTICATED, keys, problems
+from api.openapi_docs import (
+    AUTHENTICATED,
+    StatementOperation,
+    StatementPageOperation,
+    keys,
+    problems,
+)
 from api.services import Services
 from api.wire import InvoiceTotalsReply, StatementLineReply, StatementReply, TotalsReply
 from metering.billing.rate_store import invoice_figures
@@ -64,6 +70,7 @@ def _format(period: str, accept: str) -> tuple[str, str]:
     tags=["statements"],
     security=keys(Scope.CUSTOMER, Scope.SUPPORT, Scope.ADMIN),
     responses=problems(*AUTHENTICATED, 404, 422),
+    operation_class=StatementOperation,
 )
 async def get_statement(
     request: Request[Any, Any, Any],
@@ -311,6 +318,7 @@ async def create_statement_link(
     summary="A customer's statement page, opened from a signed link (no key needed)",
     tags=["statements"],
     responses=problems(401, 403, 404, 422),
+    operation_class=StatementPageOperation,
 )
 async def open_statement_link(token: FromPath[str], state: State) -> Response[Any]:
     """The HTML statement a link grants: a browser cannot send an Authorization header

@@ -11,6 +11,10 @@ Memory is bounded and nothing is lost: an inbox holds at most ``stream_queue_ite
 a stream whose inbox overflows, and every stream when the listening connection was lost
 (notifications committed meanwhile were never heard), is marked *behind* and catches up
 from the notifications table after the last id it sent.
+
+Slots are shared fairly: a process serves at most ``stream_max_per_process`` streams, a
+tenant at most ``stream_max_per_tenant`` of them and a key at most ``stream_max_per_key``,
+so one tenant's streams, however many keys open them, leave room for the others.
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ MAX_RETRY_S = 30.0
 # Announced ids waiting to be read back; beyond this the fan-out gives up on them and every
 # stream catches up from the table instead.
 MAX_PENDING = 10_000
+# What a refused stream is told to wait: about the time it takes one of the holder's (or the
+# process's) streams to end, by the client's leaving or by ``stream_max_s``.
+RETRY_AFTER_S = 5
 
 Key = tuple[str, str]  # (tenant, customer)
 
@@ -90,13 +97,15 @@ class Inbox:
         return self.scope.run_id is None or subject == self.scope.subject
 
 
-def _too_many(status: int, detail: str) -> MeteringError:
+def _too_many(
+    status: int, detail: str, code: str = "too_many_streams", **extra: int
+) -> MeteringError:
     return MeteringError(
         detail,
-        code="too_many_streams",
+        code=code,
         status=status,
         title="Too many requests" if status == 429 else "Service unavailable",
-        extra={"retry_after_s": 5},
+        extra={"retry_after_s": RETRY_AFTER_S, **extra},
     )
 
 
@@ -108,6 +117,7 @@ class StreamHub:
         self._engine = engine
         self._max_streams = settings.stream_max_per_process
         self._max_per_key = settings.stream_max_per_key
+        self._max_per_tenant = settings.stream_max_per_tenant
         self._max_items = settings.stream_queue_items
         self._retry_s = settings.stream_listener_retry_s
         self._check_s = settings.stream_listener_check_s
@@ -116,31 +126,51 @@ class StreamHub:
         self._pending_ready: asyncio.Event | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._held: dict[str, int] = {}  # open streams by the key id that opened them
+        self._by_tenant: dict[str, int] = {}  # open streams by tenant
         self.open = 0
 
     def subscribe(self, scope: StreamScope, holder: str) -> Inbox:
-        """An inbox for a new stream opened by key ``holder``: 503 ``too_many_streams`` when
-        the process is full, 429 when that key holds its share already. The caller must
-        :meth:`unsubscribe` it when the stream ends, however it ends."""
+        """An inbox for a new stream of ``scope``'s tenant opened by key ``holder``. Refused
+        (see :meth:`_admit`) when the key or the tenant holds its share, or the process is
+        full. The caller must :meth:`unsubscribe` it when the stream ends, however it ends."""
+        self._admit(scope.tenant_id, holder)
+        self._start()
+        inbox = Inbox(scope, holder, self._max_items)
+        self._inboxes.setdefault((scope.tenant_id, scope.customer_id), set()).add(inbox)
+        self._held[holder] = self._held.get(holder, 0) + 1
+        self._by_tenant[scope.tenant_id] = self._by_tenant.get(scope.tenant_id, 0) + 1
+        self.open += 1
+        STREAMS_OPEN.inc()
+        return inbox
+
+    def _admit(self, tenant: str, holder: str) -> None:
+        """The narrowest share that is full answers, so the reply blames whoever holds the
+        slots: 429 ``too_many_streams`` for the key, 429 ``too_many_streams_for_tenant`` for
+        the tenant (whatever the process's state: a tenant over its share is never told the
+        server is full), and only then 503 ``too_many_streams`` for a process full of
+        streams of tenants each within its share (another process may have room)."""
+        if self._held.get(holder, 0) >= self._max_per_key:
+            raise _too_many(
+                429,
+                f"this key holds {self._max_per_key} open streams on this API process "
+                "(FAIRMETER_STREAM_MAX_PER_KEY); close one first",
+                limit=self._max_per_key,
+            )
+        if self._by_tenant.get(tenant, 0) >= self._max_per_tenant:
+            raise _too_many(
+                429,
+                f"this tenant holds {self._max_per_tenant} open streams on this API process, "
+                "its share (FAIRMETER_STREAM_MAX_PER_TENANT); close one first",
+                "too_many_streams_for_tenant",
+                limit=self._max_per_tenant,
+            )
         if self.open >= self._max_streams:
             raise _too_many(
                 503,
                 f"this API process serves {self._max_streams} streams already; retry, "
                 "another process may have room",
+                limit=self._max_streams,
             )
-        if self._held.get(holder, 0) >= self._max_per_key:
-            raise _too_many(
-                429,
-                f"this key holds {self._max_per_key} open streams on this API process; "
-                "close one first",
-            )
-        self._start()
-        inbox = Inbox(scope, holder, self._max_items)
-        self._inboxes.setdefault((scope.tenant_id, scope.customer_id), set()).add(inbox)
-        self._held[holder] = self._held.get(holder, 0) + 1
-        self.open += 1
-        STREAMS_OPEN.inc()
-        return inbox
 
     def unsubscribe(self, inbox: Inbox) -> None:
         key = (inbox.scope.tenant_id, inbox.scope.customer_id)
@@ -153,12 +183,20 @@ class StreamHub:
         self._held[inbox.holder] -= 1
         if not self._held[inbox.holder]:
             del self._held[inbox.holder]
+        tenant = inbox.scope.tenant_id
+        self._by_tenant[tenant] -= 1
+        if not self._by_tenant[tenant]:
+            del self._by_tenant[tenant]
         self.open -= 1
         STREAMS_OPEN.dec()
 
     def held_by(self, holder: str) -> int:
         """Open streams of key ``holder`` on this process."""
         return self._held.get(holder, 0)
+
+    def held_by_tenant(self, tenant: str) -> int:
+        """Open streams of ``tenant`` on this process, whichever keys opened them."""
+        return self._by_tenant.get(tenant, 0)
 
     def _start(self) -> None:
         """The listener and the reader start with the first stream (not at import or in

@@ -161,7 +161,8 @@ def _open(
 
 
 def _respond(services: Services, start: StreamStart, principal: Principal) -> Stream:
-    # Before any read (see the module); refused when the process or the key is full.
+    # Before any read (see the module); refused when the key's, the tenant's or the
+    # process's share of streams is full (api/stream_hub.py).
     inbox = services.streams.subscribe(start.scope, principal.key_id)
     return Stream(
         _events(services, start, inbox),

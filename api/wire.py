@@ -61,6 +61,9 @@ class RunReply(msgspec.Struct):
     terminal_at: datetime | None
     settled: bool
     reopened: bool
+    # "cloudevents" or "otlp": the one protocol the run's usage comes through (docs/otlp.md,
+    # "One path per run"); null before any usage.
+    usage_protocol: str | None = None
 
 
 class Health(msgspec.Struct):

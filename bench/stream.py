@@ -210,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             "FAIRMETER_RATE_LIMIT_ENABLED": "false",
             "FAIRMETER_STREAM_MAX_PER_PROCESS": str(args.streams + 10),
             "FAIRMETER_STREAM_MAX_PER_KEY": str(args.streams + 10),
+            "FAIRMETER_STREAM_MAX_PER_TENANT": str(args.streams + 10),
             "FAIRMETER_LOG_LEVEL": "WARNING",
         }
         cmd = [sys.executable, "-m", "cli", "serve", "--port", str(port)]

@@ -1,4 +1,4 @@
-"""``fairmeter policy …``: show, set and diff a tenant's protection policy versions.
+"""``fairmeter policy …``: show, set, withdraw and diff a tenant's protection policy versions.
 
 The operator acts as an admin of ``--tenant``, through the same use cases as /v1/policies
 (the same validation, the same field paths in errors). See docs/policies.md.
@@ -20,6 +20,7 @@ from metering.errors import MeteringError
 from metering.policies import versions
 from metering.policies.defaults import settings_policy
 from metering.policies.versions import PolicyVersion
+from metering.policies.withdrawals import withdraw_version
 from metering.settlement.replay import WhatIf
 from metering.settlement.replay_shards import Parallelism
 from metering.settlement.whatif import what_if
@@ -29,6 +30,8 @@ from metering.settlement.whatif_export import changes_csv, whatif_csv
 def _header(version: PolicyVersion, current: int) -> str:
     since = version.effective_from.isoformat() if version.effective_from else "always"
     state = "in force" if version.version == current else "not in force"
+    if version.withdrawn is not None:
+        state = f"withdrawn {version.withdrawn.at.isoformat()} by {version.withdrawn.by}"
     return f"version {version.version}\t{state}\tfrom {since}\t{version.note}"
 
 
@@ -81,7 +84,7 @@ def show(tenant: str, number: int | None, show_all: bool) -> None:
     """Print a version's document as JSON (a header line on stderr), or list them."""
     settings = load_cli_settings()
     with raw_transaction(create_db_engine(settings)) as conn:
-        found = versions.list_versions(conn, tenant, settings_policy(settings))
+        found = versions.list_versions(conn, tenant, settings_policy(settings), withdrawn=True)
     current = versions.in_force_at(found, datetime.now(UTC))
     if show_all:
         for version in found:
@@ -123,15 +126,40 @@ def set_policy(
                 tenant,
                 document,
                 created_by="cli",
-                now=datetime.now(UTC),
                 defaults=settings_policy(settings),
                 effective_from=start,
                 note=note,
+                max_lead_s=settings.policy_max_lead_s,
+                wait_s=settings.policy_write_wait_s,
             )
     except MeteringError as error:
         raise _fail(error) from None
     assert made.effective_from is not None
     click.echo(f"version {made.version} in force from {made.effective_from.isoformat()}")
+
+
+@policy.command("withdraw")
+@click.option("--tenant", required=True)
+@click.option("--version", "number", type=click.IntRange(0, 2**31 - 1), required=True)
+@click.option("--reason", default="", help="Why (recorded with the withdrawal).")
+def withdraw(tenant: str, number: int, reason: str) -> None:
+    """Withdraw a version that has not taken effect: it is then never in force."""
+    settings = load_cli_settings()
+    try:
+        with raw_transaction(create_db_engine(settings)) as conn:
+            done = withdraw_version(
+                conn,
+                tenant,
+                number,
+                withdrawn_by="cli",
+                defaults=settings_policy(settings),
+                reason=reason,
+                wait_s=settings.policy_write_wait_s,
+            )
+    except MeteringError as error:
+        raise _fail(error) from None
+    assert done.withdrawn is not None
+    click.echo(f"version {number} withdrawn at {done.withdrawn.at.isoformat()}")
 
 
 @policy.command("diff")

@@ -80,3 +80,7 @@ EVENT_TYPES: Final[dict[str, dict[str, FieldSpec]]] = {
 
 TERMINAL_TYPES: Final = frozenset({"run.completed", "run.cancelled", "run.failed"})
 USAGE_TYPE: Final = "run.usage"
+# The ingest protocols usage arrives through (POST /v1/events, POST /v1/traces): a run's
+# usage must all come through one of them (``metering.ingest.protocol``).
+CLOUDEVENTS: Final = "cloudevents"
+OTLP: Final = "otlp"

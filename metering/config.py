@@ -109,9 +109,7 @@ class Settings(BaseSettings):
     # Secrets. The pepper turns a stolen key table into useless HMACs. Served processes
     # refuse to start with the default, a placeholder or a short one (pepper_weakness).
     key_pepper: str = DEFAULT_KEY_PEPPER
-    # How long a process trusts a key lookup, and how long a key id found in the database is
-    # shared with the other API processes (in Redis, so the rate limiter lets it skip the
-    # client address's budget everywhere).
+    # How long a process trusts a key lookup (found or not).
     key_cache_ttl_s: float = 30.0
     # Key ids each API process remembers (found and unknown ones apart, least recently used
     # evicted first), so a flood of forged ids cannot push the real keys out.
@@ -185,6 +183,13 @@ class Settings(BaseSettings):
     otlp_export_timeout_s: float = Field(default=10.0, gt=0)
     heavy_lock_timeout_s: float = Field(default=5.0, gt=0)
 
+    # Policy versions (docs/policies.md): a version's ``effective_from`` is at most this far
+    # ahead, so a mistyped year (9999, 2062 for 2026) is refused instead of scheduling a
+    # version every later one must follow. Writers of one tenant's policy queue on its lock
+    # at most ``policy_write_wait_s``, then get a retryable 409 ``policy_write_conflict``.
+    policy_max_lead_s: int = Field(default=366 * 24 * 3600, ge=0)
+    policy_write_wait_s: float = Field(default=5.0, gt=0)
+
     # Protection cap (R8), per customer per calendar month (UTC).
     cap_fraction_ppm: int = 250_000
     cap_floor_micros: int = 5_000_000
@@ -247,6 +252,14 @@ class Settings(BaseSettings):
     # this at least max_batch_events.
     rate_limit_ingest_events: int = 100_000
     rate_limit_redis_prefix: str = "fairmeter:ratelimit"
+    # How long a key id found in the database is remembered in Redis as real, so that it
+    # skips the client address's anonymous budget at every API process (each lookup that
+    # finds it again renews it). Longer than the key cache on purpose: a tenant whose key was
+    # idle for a while must not be refused at a process its first request reaches because
+    # a forged flood from its address (a NAT, a proxy) spent that budget. It costs no
+    # database reads: each process looks a remembered id up at most once per key cache TTL,
+    # and an id that turns out revoked or forged is still paid for by the address.
+    rate_limit_found_key_ttl_s: float = Field(default=7 * 24 * 3600.0, gt=0)
     # After a Redis error the limiter lets requests through this long before asking again.
     rate_limit_redis_retry_s: float = 5.0
     # Peers whose X-Forwarded-For is believed (comma-separated IPs or CIDRs). Empty: nobody's,
@@ -269,10 +282,17 @@ class Settings(BaseSettings):
     # does so by itself): long-lived connections spread over new API processes, and a
     # revoked key's stream stops within this time.
     stream_max_s: float = 300.0
-    # Open streams per API process; one more is a 503 problem (each holds a socket). One key
-    # may hold this many of them, so that one tenant cannot take a process's streams from
-    # the others (one more is a 429).
+    # Open streams per API process; one more is a 503 problem (each holds a socket, an inbox
+    # and a share of the event loop). A tenant's share of them: one more is a 429, whatever
+    # the process's state, so one tenant (however many customer keys it holds) never fills a
+    # process. A fifth: five tenants at their full share before a process refuses anyone, and
+    # 200 still covers a tenant with 100 people each following two runs on one process. The
+    # share is per process, not counted across processes: each slot is a process's, and a
+    # process that restarts must not leave counts behind (docs/events.md, Live status
+    # streams). One key holds at most its own share, beneath the tenant's (one more is a
+    # 429), so one end customer's key cannot take its tenant's whole share.
     stream_max_per_process: int = 1000
+    stream_max_per_tenant: int = 200
     stream_max_per_key: int = 100
     # Notifications waiting for one slow client; beyond this they are dropped from memory
     # and the stream catches up from the notifications table instead.
@@ -313,12 +333,20 @@ class Settings(BaseSettings):
     webhooks_delivery_threads: int = 16
     webhooks_endpoint_concurrency: int = 8
     # A delivery task keeps claiming what became due (a run's next message once the one
-    # before it is delivered) for this long before it leaves the rest to the next one.
+    # before it is delivered) for this long; then it lets go of what it has not started,
+    # sends only what can go at once while its running sends finish, and leaves the rest
+    # to the next one.
     webhooks_round_s: float = 10.0
     # Delivery rounds at once across all workers (each sends ``webhooks_delivery_threads``
     # at a time); more rounds than this leave at once, so the rest of a worker's processes
     # stay free for settlement and fan-out. Raise it with the number of worker hosts.
     webhooks_delivery_rounds: int = 1
+    # An endpoint failing in a row (timeouts, refused connections, 5xx) gets one probing
+    # send at a time, then none for a pause doubling from the first to the second figure
+    # (metering/webhooks/breaker.py); one answered attempt ends it. The cap is the first
+    # retry wait: a message's retries keep their schedule within that.
+    webhooks_breaker_pause_s: float = 1.0
+    webhooks_breaker_max_pause_s: float = 5.0
     # A notification id the fan-out passed over (its transaction had not committed yet) is
     # looked for again until this long after: longer than any transaction that records one
     # may stay open (the tasks' hard limit is 150 s).

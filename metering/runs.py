@@ -61,12 +61,15 @@ class RunView:
     reopened: bool
     parked: bool
     policy_version: int | None = None  # of the decision in force; None until decided
+    # "cloudevents" or "otlp": how the run's usage came (metering/ingest/protocol.py); None
+    # before any usage. Usage through the other protocol is refused.
+    usage_protocol: str | None = None
 
 
 RUN_ROW = """
 SELECT id, customer_id, first_event_at, last_event_at, last_received_at, terminal_at,
        event_count, gross_micros, decision_version, evidence_version, settled_evidence_version,
-       parked_at
+       parked_at, usage_protocol
 FROM runs WHERE tenant_id = %s AND subject = %s
 """
 
@@ -116,7 +119,7 @@ def get_run_view(conn: psycopg.Connection[Any], principal: Principal, subject: s
 RUNS_BY_ID = """
 SELECT id, customer_id, first_event_at, last_event_at, last_received_at, terminal_at,
        event_count, gross_micros, decision_version, evidence_version, settled_evidence_version,
-       parked_at, subject
+       parked_at, usage_protocol, subject
 FROM runs WHERE id = ANY(%s)
 """
 RUNS_EVENTS = (
@@ -145,7 +148,7 @@ def run_views(conn: psycopg.Connection[Any], run_ids: Sequence[int]) -> dict[int
         facts[run_id].append(EventFact(*fact))
     for run_id, *decision in conn.execute(RUNS_DECISIONS, (ids,)).fetchall():
         decisions[run_id].append(DecisionView(*decision))
-    return {int(r[0]): _view(r[12], r[:12], facts[int(r[0])], decisions[int(r[0])]) for r in rows}
+    return {int(r[0]): _view(r[13], r[:13], facts[int(r[0])], decisions[int(r[0])]) for r in rows}
 
 
 def _view(
@@ -165,6 +168,7 @@ def _view(
         evidence_version,
         settled_version,
         parked_at,
+        usage_protocol,
     ) = row
     in_force = decisions[-1] if decisions else None
     reopened = decision_version > 0 and evidence_version > settled_version
@@ -201,6 +205,7 @@ def _view(
         reopened=reopened,
         parked=parked_at is not None,
         policy_version=in_force.policy_version if in_force else None,
+        usage_protocol=usage_protocol,
     )
 
 
@@ -265,6 +270,7 @@ def run_document(view: RunView) -> dict[str, Any]:
         "terminal_at": view.terminal_at,
         "settled": view.settled,
         "reopened": view.reopened,
+        "usage_protocol": view.usage_protocol,
     }
 
 

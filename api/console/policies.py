@@ -26,6 +26,8 @@ from metering.policy.document import diff_policies
 
 
 def _state(version: versions.PolicyVersion, current: int, now: datetime) -> str:
+    if version.withdrawn is not None:
+        return "withdrawn"
     if version.version == current:
         return "in force"
     if version.effective_from is not None and version.effective_from > now:
@@ -48,7 +50,7 @@ def policies_page(request: Request[Any, Any, Any], state: State) -> Response[str
     console = admin_console(request, services)
     with raw_transaction(services.engine) as conn:
         found = versions.list_versions(
-            conn, console.principal.tenant_id, settings_policy(services.settings)
+            conn, console.principal.tenant_id, settings_policy(services.settings), withdrawn=True
         )
     now = datetime.now(UTC)
     current = versions.in_force_at(found, now)

@@ -26,8 +26,9 @@ from typing import Any
 import psycopg
 
 from metering.errors import FieldError, validation_error
+from metering.ingest.outcomes import IngestResult, result_of
 from metering.ingest.service import PreparedRequest
-from metering.ingest.store import IngestResult, store_events
+from metering.ingest.store import store_events
 from metering.ingest.validation import ValidEvent
 from metering.pricing import PricedUsage
 
@@ -83,6 +84,4 @@ def _combine(
 
 
 def _result(combined: IngestResult, start: int, end: int) -> IngestResult:
-    outcomes = combined.events[start:end]
-    accepted = sum(1 for o in outcomes if o.result == "accepted")
-    return IngestResult(accepted=accepted, duplicates=len(outcomes) - accepted, events=outcomes)
+    return result_of(combined.events[start:end])

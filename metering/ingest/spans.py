@@ -16,8 +16,10 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Final
 
+from metering.catalogue import OTLP
 from metering.config import Settings
 from metering.errors import FieldError
+from metering.ingest.outcomes import IngestResult
 from metering.ingest.service import PreparedRequest, price_events, time_window
 from metering.ingest.validation import ValidEvent, validate_batch
 from metering.prices import CatalogCache
@@ -51,7 +53,7 @@ def prepare_spans(
     if price_errors:  # a model may have been added since the cache was filled
         prices, price_errors = price_events(priceable, catalogs.refresh(), single=False)
     refused.update(_reasons_by_index(price_errors, events))
-    accepted = [event for event in priceable if event.index not in refused]
+    accepted = [replace(e, protocol=OTLP) for e in priceable if e.index not in refused]
     request = PreparedRequest(tenant_id, accepted, prices, single=False, received_at=received_at)
     return PreparedSpans(request, tuple(refused[index] for index in sorted(refused)))
 
@@ -75,6 +77,12 @@ def by_run(request: PreparedRequest) -> list[PreparedRequest]:
     for event in request.events:
         runs[event.subject].append(event)
     return [replace(request, events=events) for events in runs.values()]
+
+
+def refused_reasons(result: IngestResult) -> list[str]:
+    """A reason per span whose event the store refused (usage its run takes through
+    CloudEvents: ``metering.ingest.protocol``), for the response's ``partial_success``."""
+    return [f"event {o.id}: {o.reason}" for o in result.events if o.result == "refused"]
 
 
 def partial_success_message(reasons: list[str]) -> str:

@@ -15,7 +15,6 @@ two requests touching the same runs serialise instead of deadlocking.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -25,28 +24,17 @@ import psycopg
 from metering.catalogue import TERMINAL_TYPES, USAGE_TYPE
 from metering.errors import FieldError, conflict, validation_error
 from metering.ingest.announce import RunState, announce_changes, new_run_status
+from metering.ingest.outcomes import EventKey, dedupe_within_request, outcome, result_of
+from metering.ingest.outcomes import EventOutcome as EventOutcome  # importers of store
+from metering.ingest.outcomes import IngestResult as IngestResult
+from metering.ingest.protocol import first_usage_protocol, screen_usage
 from metering.ingest.validation import ValidEvent
 from metering.ledger.repo import HOLDS_FROM_USAGE_LINES
 from metering.notifications.builders import RunRef
 from metering.pricing import PricedUsage
 
-EventKey = tuple[str, str]  # (source, id)
 # Signs of life after a drop: they close an open connection.lost for the resume window.
 RECOVERY_TYPES = frozenset({"connection.restored", "run.resumed", USAGE_TYPE})
-
-
-@dataclass(frozen=True, slots=True)
-class EventOutcome:
-    source: str
-    id: str
-    result: str  # "accepted" | "duplicate"
-
-
-@dataclass(frozen=True, slots=True)
-class IngestResult:
-    accepted: int
-    duplicates: int
-    events: list[EventOutcome]
 
 
 UPSERT_CUSTOMERS = """
@@ -63,17 +51,22 @@ ON CONFLICT DO NOTHING
 # with what ``announce`` needs of its state before this request's events. A run created
 # here gets its status words with it (all its events are in this request); evidence_version
 # is still 0 then (the events are counted by the next statement), never after.
+# usage_protocol is set by the first request that brings the run usage and kept after: the
+# row lock makes two first usages through two protocols take turns, the second seeing the
+# first's (``metering.ingest.protocol``).
 UPSERT_RUNS = """
 INSERT INTO runs (tenant_id, subject, customer_id, first_event_at, last_event_at,
-                  first_received_at, last_received_at, event_count, announced_status)
-SELECT %(tenant)s, r.subject, r.customer, r.at, r.at, %(now)s, %(now)s, 0, r.status
+                  first_received_at, last_received_at, event_count, announced_status,
+                  usage_protocol)
+SELECT %(tenant)s, r.subject, r.customer, r.at, r.at, %(now)s, %(now)s, 0, r.status, r.protocol
 FROM json_to_recordset(%(runs)s::json)
-     AS r(subject text, customer text, at timestamptz, status text)
+     AS r(subject text, customer text, at timestamptz, status text, protocol text)
 ORDER BY r.subject
 ON CONFLICT (tenant_id, subject) DO UPDATE SET last_received_at = EXCLUDED.last_received_at,
-    first_received_at = LEAST(runs.first_received_at, EXCLUDED.first_received_at)
+    first_received_at = LEAST(runs.first_received_at, EXCLUDED.first_received_at),
+    usage_protocol = coalesce(runs.usage_protocol, EXCLUDED.usage_protocol)
 RETURNING id, subject, customer_id, announced_status, evidence_version > 0,
-          decision_version > 0, parked_at IS NOT NULL, terminal_at IS NOT NULL
+          decision_version > 0, parked_at IS NOT NULL, terminal_at IS NOT NULL, usage_protocol
 """
 
 # One statement for everything keyed by event: the events' keys (in key order: the only
@@ -203,9 +196,11 @@ def store_events(
 
     Raises 422 ``customer_mismatch`` when a run is already owned by another customer and
     409 ``event_conflict`` when an id was used before for other content; the caller's
-    transaction then rolls back, so nothing of the request is kept.
+    transaction then rolls back, so nothing of the request is kept. Usage through another
+    protocol than its run's (``metering.ingest.protocol``) is a 422
+    ``usage_protocol_conflict`` for a CloudEvent, and a "refused" outcome for a span.
     """
-    unique, in_request_duplicates = _dedupe_within_request(events, single=single)
+    unique, in_request_duplicates = dedupe_within_request(events, single=single)
     new_customers = sorted({e.customer for e in unique} - (known_customers or set()))
     base = {"tenant": tenant_id, "now": now}
     with conn.cursor() as cur:
@@ -216,8 +211,11 @@ def store_events(
                 conn.execute(UPSERT_CUSTOMERS, {**base, "customers": customers}, prepare=True)
             runs = _encode(_run_rows(unique))
             cur.execute(UPSERT_RUNS, {**base, "runs": runs}, prepare=True)
-        states = _run_states(cur.fetchall(), tenant_id)
+        run_rows = cur.fetchall()
+        states = _run_states(run_rows, tenant_id)
         run_ids = _check_owners(states, unique, single=single)
+        screened = screen_usage(unique, {r[1]: r[8] for r in run_rows}, single=single)
+        unique = screened.events
         # Run ids go with the events rather than being looked up by subject in SQL: with
         # stale statistics (a new tenant) the planner may pick a (tenant, …) index and scan
         # all the tenant's runs for each event. Prepared at first use: planning this
@@ -231,38 +229,12 @@ def store_events(
         if (event.source, event.id) in inserted:
             fresh.setdefault(run_ids[event.subject], []).append(event)
     announce_changes(conn, states, fresh, now)
-    outcomes = []
-    for event in events:
-        is_new = (event.source, event.id) in inserted and event.index not in in_request_duplicates
-        outcomes.append(EventOutcome(event.source, event.id, "accepted" if is_new else "duplicate"))
-    accepted = sum(1 for o in outcomes if o.result == "accepted")
-    return IngestResult(accepted=accepted, duplicates=len(outcomes) - accepted, events=outcomes)
+    outcomes = [outcome(e, inserted, in_request_duplicates, screened.refused) for e in events]
+    return result_of(outcomes)
 
 
 def _encode(value: Any) -> str:
     return _json.encode(value).decode()
-
-
-def _dedupe_within_request(
-    events: Sequence[ValidEvent], *, single: bool
-) -> tuple[list[ValidEvent], set[int]]:
-    first: dict[EventKey, ValidEvent] = {}
-    repeats: set[int] = set()
-    clashes: list[str] = []
-    for event in events:
-        key = (event.source, event.id)
-        seen = first.setdefault(key, event)
-        if seen is not event:
-            if seen.body_hash != event.body_hash:
-                clashes.append(f"{event.source}/{event.id}")
-            repeats.add(event.index)
-    if clashes:
-        raise conflict(
-            "the same event id was sent twice in this request with different content",
-            code="event_conflict",
-            conflicting_ids=clashes,
-        )
-    return list(first.values()), repeats
 
 
 def _run_rows(events: Sequence[ValidEvent]) -> list[dict[str, Any]]:
@@ -272,7 +244,13 @@ def _run_rows(events: Sequence[ValidEvent]) -> list[dict[str, Any]]:
     for event in events:
         by_run.setdefault(event.subject, []).append(event)
     return [
-        {"subject": s, "customer": e[0].customer, "at": e[0].time, "status": new_run_status(e)}
+        {
+            "subject": s,
+            "customer": e[0].customer,
+            "at": e[0].time,
+            "status": new_run_status(e),
+            "protocol": first_usage_protocol(e),
+        }
         for s, e in by_run.items()
     ]
 
@@ -287,7 +265,7 @@ def _run_states(rows: Sequence[tuple[Any, ...]], tenant_id: str) -> list[RunStat
             parked=parked,
             terminal=terminal,
         )
-        for run_id, subject, customer, announced, had_events, decided, parked, terminal in rows
+        for run_id, subject, customer, announced, had_events, decided, parked, terminal, _ in rows
     ]
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 
 from metering.catalogue import (
+    CLOUDEVENTS,
     EVENT_TYPES,
     MAX_COUNT,
     MAX_STEP,
@@ -60,6 +61,9 @@ class ValidEvent:
     data: dict[str, Any]
     attributes: dict[str, Any]
     body_hash: bytes
+    # How it arrived (``metering.ingest.protocol``): not part of the event's content, but
+    # a run's usage must all come one way.
+    protocol: str = CLOUDEVENTS
 
 
 # The canonical form is the bytes of ``json.dumps(value, sort_keys=True,

@@ -19,7 +19,7 @@ from metering.models.events import EventKeyRow, EventRow, RunRow, UsageLineRow
 from metering.models.history import ArchivedMonthRow
 from metering.models.ledger import LedgerEntryRow
 from metering.models.notifications import NotificationRow
-from metering.models.policies import PolicyVersionRow
+from metering.models.policies import PolicyVersionRow, PolicyWithdrawalRow
 from metering.models.settlement import DecisionRow
 from metering.models.statements import (
     StatementClosingRow,
@@ -48,6 +48,7 @@ __all__ = [
     "LedgerEntryRow",
     "NotificationRow",
     "PolicyVersionRow",
+    "PolicyWithdrawalRow",
     "PriceRow",
     "ProviderCostRow",
     "RunRow",

@@ -42,6 +42,9 @@ class RunRow(SQLModel, table=True):
         sa.CheckConstraint(
             "billed_micros >= 0 AND credited_micros >= 0", name="position_not_negative"
         ),
+        sa.CheckConstraint(
+            "usage_protocol IN ('cloudevents', 'otlp')", name="usage_protocol_known"
+        ),
         # The sweeper's work list: runs with evidence no decision has seen yet, by each
         # clock that can make one due (``metering.settlement.due``) and by claim, so a
         # sweep reads the due and the claimed runs, not every run in flight.
@@ -104,6 +107,10 @@ class RunRow(SQLModel, table=True):
     # ingest compares against them instead of recomputing a run's words for every event.
     # NULL: none announced yet (a run stored before announcements existed).
     announced_status: str | None = Field(default=None, max_length=64)
+    # The ingest protocol that brought the run's first usage (``metering.ingest.protocol``):
+    # usage through the other one is refused, since the same model call sent both ways has
+    # two event ids and would be charged twice. NULL until the first usage.
+    usage_protocol: str | None = Field(default=None, max_length=16)
     period: str | None = Field(default=None, max_length=7)
     ended_at: datetime | None = timestamp_field(nullable=True)
     # The run's ledger position: what has been posted as billed and released as credited.

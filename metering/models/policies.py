@@ -40,3 +40,28 @@ class PolicyVersionRow(SQLModel, table=True):
     created_by: str = Field(max_length=128)
     # Why the version was made, in the operator's words (shown beside it in lists and diffs).
     note: str = Field(sa_column=sa.Column(sa.Text, nullable=False, server_default=""))
+
+
+class PolicyWithdrawalRow(SQLModel, table=True):
+    """A scheduled version withdrawn before it took effect: it is never in force.
+
+    The version itself is never edited (append-only); its withdrawal is this row, one per
+    version, written only while ``withdrawn_at`` is before the version's ``effective_from``,
+    and append-only too, so a withdrawn version stays withdrawn. No foreign key to
+    ``policy_versions`` (the use case finds the version under the tenant's policy lock): with
+    one, ``TRUNCATE policy_versions`` would fail on the key before its append-only trigger.
+    """
+
+    __tablename__ = "policy_withdrawals"
+    __table_args__ = (
+        tenant_primary_key("id"),
+        sa.UniqueConstraint("tenant_id", "version"),
+    )
+
+    id: int | None = tenant_id_field()
+    tenant_id: str = Field(max_length=64, primary_key=True)
+    version: int = Field(sa_column=sa.Column(sa.Integer, nullable=False))
+    withdrawn_at: datetime | None = timestamp_field(default_now=True)
+    # The key id of the admin who withdrew it ("cli" from the command line).
+    withdrawn_by: str = Field(max_length=128)
+    reason: str = Field(sa_column=sa.Column(sa.Text, nullable=False, server_default=""))

@@ -42,6 +42,12 @@ class WebhookEndpointRow(SQLModel, table=True):
     disabled_reason: str | None = Field(default=None, sa_column=sa.Column(sa.Text))
     disabled_at: datetime | None = timestamp_field(nullable=True)
     failing_since: datetime | None = timestamp_field(nullable=True)
+    # The circuit breaker (metering/webhooks/breaker.py): failures in a row, and no send
+    # before ``breaker_open_until``.
+    breaker_failures: int = Field(
+        default=0, sa_column=sa.Column(sa.Integer, nullable=False, server_default="0")
+    )
+    breaker_open_until: datetime | None = timestamp_field(nullable=True)
     secret_seed: str = Field(max_length=64)
     previous_secret_seed: str | None = Field(default=None, max_length=64)
     previous_seed_expires_at: datetime | None = timestamp_field(nullable=True)

@@ -9,16 +9,26 @@ lease runs out and sent again under the same ``webhook-id`` and body.
 Order: of one run's messages for one endpoint only the earliest pending one is ever
 claimed, so a ``run.resettled`` never overtakes its ``run.settled`` (it waits until that
 one is delivered or has finally failed). Other runs and endpoints go on meanwhile.
+
+Fair share (docs/webhooks.md, "Fair share"): a claim takes endpoints in turn; an endpoint
+has at most its send share at once, and its circuit breaker (``breaker.py``) lowers that to
+one probe or none while it fails; a round keeps a quarter of its threads for endpoints with
+no send running (``slots.py``). A round never holds a message it cannot send now: what it
+claimed ahead is let go when its endpoint fails and at the deadline. Its tail (the sends
+still running at the deadline, at most one timeout long) would otherwise keep every other
+endpoint's new messages waiting, since a second round would need a second worker process
+(settlement needs one too, and a worker may run only two): so, rather than raising
+``webhooks_delivery_rounds`` or giving up the round slot while its own sends still run,
+the round goes on claiming during its tail, but only what can be sent at once (each
+endpoint's send share, nothing ahead, nothing for an endpoint whose last attempt failed),
+and stops at one timeout past the deadline.
 """
 
 from __future__ import annotations
 
-import random
-import threading
 import time
-from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -30,12 +40,39 @@ from sqlalchemy.engine import Engine
 from metering.config import Settings
 from metering.db import raw_transaction
 from metering.leases import Heartbeat
-from metering.webhooks.schedule import GiveUp, after_failure, disabled_reason, should_disable
-from metering.webhooks.secrets import EndpointSeeds, signing_secrets
-from metering.webhooks.signing import signature_headers
-from metering.webhooks.targets import UrlRefused, connection_for
+from metering.webhooks import breaker
+from metering.webhooks.attempts import (
+    Attempt,
+    Claimed,
+    Outgoing,
+    Reply,
+    Send,
+    attempt,
+    record,
+    record_delivered,
+)
+from metering.webhooks.secrets import EndpointSeeds
+from metering.webhooks.slots import RECORD_EVERY_S, Held, Recorder, SendSlots
 
-EXCERPT_CHARS = 500
+# Where the sending step's parts were before they had a module of their own.
+__all__ = [
+    "Attempt",
+    "Claimed",
+    "Outgoing",
+    "Reply",
+    "Send",
+    "attempt",
+    "claim",
+    "deliver_due",
+    "deliver_in_turn",
+    "has_due",
+    "record",
+    "record_delivered",
+    "release",
+    "renew",
+    "round_slot",
+]
+
 # Claims serialise on this transaction advisory lock: the head-of-line rule reads other
 # rows' states, which two claims at once could each read before the other's lease.
 CLAIM_LOCK_KEY = 0x3E6B_0016
@@ -47,57 +84,9 @@ ROUND_LOCK_KEY = 0x3E6B_0017
 # While sends are in flight and none finishes, a round still claims what became due this
 # often (a slow receiver must not hold up the next message's first attempt for long).
 CLAIM_EVERY_S = 0.2
-# Finished attempts are recorded once this many are waiting, or this long after the first.
-RECORD_BATCH = 16
-RECORD_EVERY_S = 0.05
 # Messages one endpoint may hold claimed at once, per send slot it has: enough that one
 # busy endpoint is claimed for in batches (each claim is a serial step of the round).
 CLAIMS_PER_SLOT = 8
-
-
-@dataclass(frozen=True, slots=True)
-class Claimed:
-    id: int
-    msg_id: str
-    attempt: int  # this attempt's number among all of the message's attempts
-    tries: int  # its number in the current round of retries
-    payload: str
-    endpoint_id: str
-    url: str
-    seeds: EndpointSeeds
-
-
-@dataclass(frozen=True, slots=True)
-class Outgoing:
-    """One signed request, aimed at the address the SSRF check passed."""
-
-    url: str
-    headers: dict[str, str]
-    body: bytes
-    timeout_s: float
-    server_name: str | None  # the TLS name when ``url`` names an address
-
-
-@dataclass(frozen=True, slots=True)
-class Reply:
-    """What came back: a status and the start of the body, or why nothing did."""
-
-    status_code: int | None
-    text: str = ""
-    error: str | None = None
-
-
-Send = Callable[[Outgoing], Reply]
-
-
-@dataclass(frozen=True, slots=True)
-class Attempt:
-    started_at: datetime
-    delivered: bool
-    status_code: int | None
-    latency_ms: int
-    excerpt: str | None
-    error: str | None
 
 
 # The messages a claim may take: due, not leased, of an enabled endpoint, each the head of
@@ -107,7 +96,7 @@ CLAIMABLE = """
     JOIN webhook_endpoints e ON e.id = m.endpoint_id
     WHERE m.status = 'pending' AND m.next_attempt_at <= %(now)s
       AND (m.claimed_until IS NULL OR m.claimed_until <= %(now)s)
-      AND e.enabled
+      AND e.enabled AND (e.breaker_open_until IS NULL OR e.breaker_open_until <= %(now)s)
       AND (m.run_id IS NULL OR NOT EXISTS (
           SELECT 1 FROM webhook_messages p
           WHERE p.endpoint_id = m.endpoint_id AND p.run_id = m.run_id
@@ -115,20 +104,26 @@ CLAIMABLE = """
 """
 # Claims per endpoint, each endpoint at most ``per_endpoint`` messages leased at once (its
 # messages claimed and not yet recorded, by any round): a backlog at one endpoint cannot fill
-# a claim and starve the others. An endpoint gives at most ``limit`` (the claim takes no
-# more), so its backlog is not read and probed whole for each claim; the picked messages are
-# updated by an id array, not joined (a join hash-scanned every message ever stored).
+# a claim and starve the others; its circuit breaker lowers that to one (half-open) or none
+# (open), as ``breaker.allowance`` says. Endpoints are taken in turn (each one's longest due
+# message, then each one's second, ...), so a long backlog at one endpoint never fills a
+# claim that another's first message is waiting for. An endpoint gives at most ``limit``
+# (the claim takes no more), so its backlog is not read and probed whole for each claim;
+# the picked messages are updated by an id array, not joined (a join hash-scanned every
+# message ever stored).
 CLAIM = """
 WITH busy AS (
     SELECT endpoint_id, count(*) AS held FROM webhook_messages
     WHERE status = 'pending' AND claimed_until > %(now)s
     GROUP BY endpoint_id
 ), picked AS (
-    SELECT c.id, c.next_attempt_at
+    SELECT c.id, c.next_attempt_at, c.turn
     FROM webhook_endpoints e
     LEFT JOIN busy b ON b.endpoint_id = e.id
     CROSS JOIN LATERAL (
-        SELECT m.id, m.next_attempt_at FROM webhook_messages m
+        SELECT m.id, m.next_attempt_at,
+               row_number() OVER (ORDER BY m.next_attempt_at, m.id) AS turn
+        FROM webhook_messages m
         WHERE m.endpoint_id = e.id AND m.status = 'pending' AND m.next_attempt_at <= %(now)s
           AND (m.claimed_until IS NULL OR m.claimed_until <= %(now)s)
           AND (m.run_id IS NULL OR NOT EXISTS (
@@ -136,10 +131,14 @@ WITH busy AS (
               WHERE p.endpoint_id = m.endpoint_id AND p.run_id = m.run_id
                 AND p.status = 'pending' AND p.notification_id < m.notification_id))
         ORDER BY m.next_attempt_at, m.id
-        LIMIT least(greatest(%(per_endpoint)s - coalesce(b.held, 0), 0), %(limit)s)
+        LIMIT least(greatest(
+            CASE WHEN e.breaker_open_until > %(now)s THEN 0
+                 WHEN e.breaker_failures > 0 AND NOT %(probes)s THEN 0
+                 WHEN e.breaker_failures >= %(half_open_after)s THEN 1
+                 ELSE %(per_endpoint)s END - coalesce(b.held, 0), 0), %(limit)s)
     ) c
     WHERE e.enabled
-    ORDER BY c.next_attempt_at, c.id
+    ORDER BY c.turn, c.next_attempt_at, c.id
     LIMIT %(limit)s
 )
 UPDATE webhook_messages m
@@ -157,16 +156,26 @@ def claim(
     limit: int,
     lease: timedelta,
     per_endpoint: int = 1_000_000,
+    *,
+    probes: bool = True,
 ) -> list[Claimed]:
     """Lease up to ``limit`` due messages, each the head of its (endpoint, run) line, of
-    enabled endpoints, no endpoint above ``per_endpoint`` leased at once, the longest due
-    first."""
+    enabled endpoints, no endpoint above ``per_endpoint`` leased at once (or its breaker's
+    allowance), endpoints in turn, the longest due first. ``probes=False``: nothing for an
+    endpoint whose last attempt failed (its next may hang for the whole timeout)."""
     if limit <= 0:
         return []
     conn.execute("SELECT pg_advisory_xact_lock(%s)", (CLAIM_LOCK_KEY,))
     rows = conn.execute(
         CLAIM,
-        {"now": now, "limit": limit, "until": now + lease, "per_endpoint": per_endpoint},
+        {
+            "now": now,
+            "limit": limit,
+            "until": now + lease,
+            "per_endpoint": per_endpoint,
+            "half_open_after": breaker.HALF_OPEN_AFTER,
+            "probes": probes,
+        },
     ).fetchall()
     return [
         Claimed(r[0], r[1], r[2], r[3], r[4], r[5], r[6], EndpointSeeds(r[7], r[8], r[9]))
@@ -179,6 +188,24 @@ def has_due(conn: psycopg.Connection[Any], now: datetime) -> bool:
     earlier one, or for its next retry, does not count)."""
     row = conn.execute(f"SELECT EXISTS (SELECT 1 {CLAIMABLE})", {"now": now}).fetchone()
     return bool(row and row[0])
+
+
+RELEASE = """
+UPDATE webhook_messages m
+SET claimed_until = NULL, attempts = m.attempts - 1, tries = greatest(m.tries - 1, 0)
+FROM unnest(%s::bigint[], %s::int[]) AS h(id, attempt)
+WHERE m.id = h.id AND m.attempts = h.attempt AND m.status = 'pending'
+"""
+
+
+def release(conn: psycopg.Connection[Any], messages: Sequence[Claimed]) -> int:
+    """Let go of claimed messages that were never sent, as if they had never been claimed
+    (the claim's ``attempts`` and ``tries`` given back, the lease ended: due at once to
+    any round); one another sender has claimed since is left alone. How many were let go."""
+    if not messages:
+        return 0
+    ordered = sorted(messages, key=lambda m: m.id)
+    return conn.execute(RELEASE, ([m.id for m in ordered], [m.attempt for m in ordered])).rowcount
 
 
 RENEW = """
@@ -203,272 +230,39 @@ def renew(conn: psycopg.Connection[Any], held: Sequence[tuple[int, int]], until:
         )
 
 
-def attempt(
-    message: Claimed, settings: Settings, send: Send, clock: Callable[[], datetime]
-) -> Attempt:
-    """Check the target, sign, send: one attempt, never raising for the receiver's faults."""
-    started = clock()
-    began = time.monotonic()
-
-    def done(status: int | None, text: str = "", error: str | None = None) -> Attempt:
-        elapsed = int((time.monotonic() - began) * 1000)
-        delivered = status is not None and 200 <= status < 300
-        excerpt = text[:EXCERPT_CHARS] if text else None
-        return Attempt(started, delivered, status, elapsed, excerpt, error)
-
-    try:
-        target = connection_for(message.url, allow_private=settings.webhooks_allow_private)
-    except UrlRefused as refused:
-        return done(None, error=f"refused: {refused.message}")
-    except (OSError, UnicodeError) as exc:
-        return done(None, error=f"cannot resolve the host: {exc}")
-    secrets = signing_secrets(message.seeds, settings.key_pepper, started)
-    body = message.payload.encode()
-    headers = signature_headers(message.msg_id, body, secrets, started)
-    headers["user-agent"] = "Fairmeter-Webhooks/1"
-    if target.host_header is not None:
-        headers["host"] = target.host_header
-    reply = send(
-        Outgoing(target.url, headers, body, settings.webhooks_timeout_s, target.server_name)
-    )
-    return done(reply.status_code, reply.text, reply.error)
-
-
-def record(
-    conn: psycopg.Connection[Any],
-    message: Claimed,
-    result: Attempt,
-    settings: Settings,
-    draw: Callable[[], float] = random.random,
-) -> bool:
-    """Store the attempt and its consequence: delivered, retried later, or failed; the
-    endpoint's failure streak, and disabling it once it has failed long enough. ``False``
-    when the message was no longer this sender's (its lease ran out and another took it):
-    the attempt is kept in the log, its consequence is the other sender's to record."""
-    # The endpoint (and with it the message) may have been deleted meanwhile: nothing to log.
-    conn.execute(
-        """
-        INSERT INTO webhook_attempts (tenant_id, message_id, attempt, outcome, started_at,
-                                      status_code, latency_ms, response_excerpt, error)
-        SELECT tenant_id, id, %s, %s, %s, %s, %s, %s, %s FROM webhook_messages WHERE id = %s
-        ON CONFLICT (message_id, attempt, tenant_id) DO NOTHING
-        """,
-        (
-            message.attempt,
-            "delivered" if result.delivered else "failed",
-            result.started_at,
-            result.status_code,
-            result.latency_ms,
-            result.excerpt[:EXCERPT_CHARS] if result.excerpt else None,
-            result.error,
-            message.id,
-        ),
-    )
-    now = result.started_at
-    if result.delivered:
-        status, next_at, finished = "delivered", None, now
-    else:
-        outcome = after_failure(message.tries, now, settings.webhooks_retry_schedule_s, draw)
-        if isinstance(outcome, GiveUp):
-            status, next_at, finished = "failed", None, now
-        else:
-            status, next_at, finished = "pending", outcome.at, None
-    updated = conn.execute(
-        """
-        UPDATE webhook_messages
-        SET status = %s, next_attempt_at = coalesce(%s, next_attempt_at), finished_at = %s,
-            claimed_until = NULL
-        WHERE id = %s AND attempts = %s AND status = 'pending'
-        """,
-        (status, next_at, finished, message.id, message.attempt),
-    ).rowcount
-    _endpoint_health(conn, message.endpoint_id, result, settings)
-    return updated == 1
-
-
-RECORD_DELIVERED_ATTEMPTS = """
-INSERT INTO webhook_attempts (tenant_id, message_id, attempt, outcome, started_at,
-                              status_code, latency_ms, response_excerpt)
-SELECT m.tenant_id, m.id, x.attempt, 'delivered', x.started_at, x.status_code, x.latency_ms,
-       x.excerpt
-FROM unnest(%s::bigint[], %s::int[], %s::timestamptz[], %s::int[], %s::int[], %s::text[])
-     AS x(id, attempt, started_at, status_code, latency_ms, excerpt)
-JOIN webhook_messages m ON m.id = x.id
-ORDER BY m.id
-ON CONFLICT (message_id, attempt, tenant_id) DO NOTHING
-"""
-RECORD_DELIVERED_MESSAGES = """
-UPDATE webhook_messages m
-SET status = 'delivered', finished_at = x.started_at, claimed_until = NULL
-FROM unnest(%s::bigint[], %s::int[], %s::timestamptz[]) AS x(id, attempt, started_at)
-WHERE m.id = x.id AND m.attempts = x.attempt AND m.status = 'pending'
-"""
-
-
-def record_delivered(conn: psycopg.Connection[Any], done: Sequence[tuple[Claimed, Attempt]]) -> int:
-    """:func:`record` for many delivered attempts at once, in three statements (recording
-    each with three of its own was the serial step a round spent most of its time in):
-    the attempts logged, the messages delivered unless another sender has them now, their
-    endpoints' failure streaks ended. How many were still this sender's."""
-    assert all(result.delivered for _, result in done)
-    if not done:
-        return 0
-    done = sorted(done, key=lambda pair: pair[0].id)
-    ids = [m.id for m, _ in done]
-    attempts = [m.attempt for m, _ in done]
-    started = [r.started_at for _, r in done]
-    conn.execute(
-        RECORD_DELIVERED_ATTEMPTS,
-        (
-            ids,
-            attempts,
-            started,
-            [r.status_code for _, r in done],
-            [r.latency_ms for _, r in done],
-            [r.excerpt[:EXCERPT_CHARS] if r.excerpt else None for _, r in done],
-        ),
-    )
-    updated = conn.execute(RECORD_DELIVERED_MESSAGES, (ids, attempts, started)).rowcount
-    conn.execute(
-        "UPDATE webhook_endpoints SET failing_since = NULL "
-        "WHERE id = ANY(%s) AND failing_since IS NOT NULL",
-        (sorted({m.endpoint_id for m, _ in done}),),
-    )
-    return updated
-
-
-def _endpoint_health(
-    conn: psycopg.Connection[Any], endpoint_id: str, result: Attempt, settings: Settings
-) -> None:
-    if result.delivered:
-        conn.execute(
-            "UPDATE webhook_endpoints SET failing_since = NULL "
-            "WHERE id = %s AND failing_since IS NOT NULL",
-            (endpoint_id,),
-        )
-        return
-    row = conn.execute(
-        "UPDATE webhook_endpoints SET failing_since = coalesce(failing_since, %s) "
-        "WHERE id = %s RETURNING failing_since, enabled",
-        (result.started_at, endpoint_id),
-    ).fetchone()
-    if row is None or not row[1]:
-        return
-    failing_since = row[0]
-    if should_disable(failing_since, result.started_at, settings.webhooks_disable_after_s):
-        conn.execute(
-            "UPDATE webhook_endpoints SET enabled = false, disabled_reason = %s, "
-            "disabled_at = %s, updated_at = now() WHERE id = %s",
-            (disabled_reason(failing_since, result.started_at), result.started_at, endpoint_id),
-        )
-
-
-class _Held:
-    """The (message, attempt) pairs a round holds, for its heartbeat."""
-
-    def __init__(self) -> None:
-        self._pairs: dict[int, int] = {}
-        self._lock = threading.Lock()
-
-    def add(self, messages: Sequence[Claimed]) -> None:
-        with self._lock:
-            self._pairs.update((m.id, m.attempt) for m in messages)
-
-    def drop(self, message: Claimed) -> None:
-        with self._lock:
-            self._pairs.pop(message.id, None)
-
-    def pairs(self) -> list[tuple[int, int]]:
-        with self._lock:
-            return list(self._pairs.items())
-
-
-class _SendSlots:
-    """Claimed messages waiting for a send, per endpoint, and the sends running: at most
-    ``per_endpoint`` at once to any endpoint, ``threads`` in all, endpoints taken in turn."""
-
-    def __init__(self, threads: int, per_endpoint: int) -> None:
-        self._threads = threads
-        self._per_endpoint = per_endpoint
-        self._waiting: dict[str, deque[Claimed]] = {}
-        self._sending: Counter[str] = Counter()
-        self.running: set[Future[tuple[Claimed, Attempt]]] = set()
-        # An endpoint's claimed messages all went to send since the last claim: it may
-        # have more due, so claiming again is worth its cost now.
-        self.drained = False
-
-    @property
-    def held(self) -> int:
-        """Messages claimed and not yet finished (waiting or being sent)."""
-        return len(self.running) + sum(len(q) for q in self._waiting.values())
-
-    @property
-    def busy(self) -> int:
-        """Sends running, and those that could start once a thread is free: what keeps the
-        round's threads busy. (A message waiting for its endpoint's slots does not: a
-        hanging receiver's backlog must not stop the round claiming for the others.)"""
-        startable = sum(
-            min(len(queue), self._per_endpoint - self._sending[e])
-            for e, queue in self._waiting.items()
-        )
-        return len(self.running) + startable
-
-    def add(self, messages: Sequence[Claimed]) -> None:
-        for message in messages:
-            self._waiting.setdefault(message.endpoint_id, deque()).append(message)
-
-    def start(
-        self, pool: ThreadPoolExecutor, one: Callable[[Claimed], tuple[Claimed, Attempt]]
-    ) -> None:
-        """Send what may be sent now, one message per endpoint per turn."""
-        while len(self.running) < self._threads:
-            ready = [
-                e
-                for e, queue in self._waiting.items()
-                if queue and self._sending[e] < self._per_endpoint
-            ]
-            if not ready:
-                return
-            for endpoint in ready:
-                if len(self.running) >= self._threads:
-                    return
-                message = self._waiting[endpoint].popleft()
-                self.drained = self.drained or not self._waiting[endpoint]
-                self._sending[endpoint] += 1
-                self.running.add(pool.submit(one, message))
-
-    def finished(self, attempts: Sequence[tuple[Claimed, Attempt]]) -> None:
-        for message, _ in attempts:
-            self._sending[message.endpoint_id] -= 1
-
-
 def deliver_due(
     engine: Engine, settings: Settings, send: Send, clock: Callable[[], datetime]
 ) -> int:
     """Claim and send due messages, ``webhooks_delivery_threads`` at a time and at most
-    ``webhooks_endpoint_concurrency`` to one endpoint, until nothing is due or
-    ``webhooks_round_s`` has passed; messages attempted.
+    ``webhooks_endpoint_concurrency`` to one endpoint (fewer while its breaker is not
+    closed), until nothing is due or ``webhooks_round_s`` has passed; messages attempted.
 
     The sends run in the pool; claiming and recording stay in this thread, each a serial
     step done for many messages at once. Claims are made ahead, up to
     ``webhooks_delivery_batch`` held at once (and eight times its send share per
     endpoint), whenever fewer than ``webhooks_delivery_threads`` are being sent or could
-    be (claiming one or two per finished send spent more time claiming than sending); a
-    message claimed ahead waits for a send slot of its endpoint under the round's lease,
-    renewed by its heartbeat. A hanging receiver so holds its endpoint's slots and nothing
-    else: other endpoints, other tenants, go on. The attempts that finished together are
-    recorded in one transaction (the delivered ones by :func:`record_delivered`, the
-    others one by one by :func:`record`, which schedules their retries): a worker killed
-    before the commit sends them again under the same ``webhook-id``, which at-least-once
-    allows. A send that finishes may free its run's next message: the next claim takes
-    it."""
+    be; a message claimed ahead waits for a send slot of its endpoint under the round's
+    lease, renewed by its heartbeat. The attempts that finished together are recorded in
+    one transaction (a worker killed before the commit sends them again under the same
+    ``webhook-id``, which at-least-once allows).
+
+    Fair share: a message claimed ahead is let go (:func:`release`) as soon as it could
+    only wait: its endpoint's attempt failed (the breaker now says how many it may have),
+    or the deadline came. Past the deadline the round claims nothing ahead, only what
+    its endpoints' send shares can start at once, for endpoints whose last attempt did not
+    fail,
+    and only while its sends run, at most one ``webhooks_timeout_s`` more (so a round lasts
+    at most its deadline and two timeouts): a hanging receiver's sends keep the round's
+    worker process, never the other endpoints' messages.
+    """
     lease = timedelta(seconds=settings.webhooks_lease_s)
     threads = max(1, settings.webhooks_delivery_threads)
     per_endpoint = max(1, min(settings.webhooks_endpoint_concurrency, threads))
-    ahead = max(threads, settings.webhooks_delivery_batch)
     deadline = time.monotonic() + settings.webhooks_round_s
-    held = _Held()
-    slots = _SendSlots(threads, per_endpoint)
+    tail_end = deadline + settings.webhooks_timeout_s
+    held = Held()
+    slots = SendSlots(threads, per_endpoint)
+    sent = 0
 
     def renew_held(until: datetime) -> None:
         with raw_transaction(engine) as conn:
@@ -477,62 +271,67 @@ def deliver_due(
     def one(message: Claimed) -> tuple[Claimed, Attempt]:
         return message, attempt(message, settings, send, clock)
 
-    sent = 0
-    # After a claim that found less than it asked for (nothing more due, or the endpoints
-    # it found are at their share), the next waits until an endpoint's queue drains or
-    # CLAIM_EVERY_S passes: claiming at every finished send cost more than sending.
-    short_at: float | None = None
-    # Finished attempts are recorded together, a few at a time or after RECORD_EVERY_S:
-    # one transaction per finished send was the round's serial bottleneck.
-    unrecorded: list[tuple[Claimed, Attempt]] = []
-    first_unrecorded_at = 0.0
+    def let_go(messages: list[Claimed]) -> bool:
+        nonlocal sent
+        if messages:
+            for message in messages:
+                held.drop(message)
+            with raw_transaction(engine) as conn:
+                release(conn, messages)
+            sent -= len(messages)
+        return bool(messages)
 
-    def record_finished() -> None:
-        if not unrecorded:
-            return
+    def claim_now(ahead: bool) -> int:
+        nonlocal sent
+        if ahead:
+            wanted = max(threads - slots.busy, settings.webhooks_delivery_batch - slots.held)
+        else:
+            wanted = threads - slots.busy
+        cap = per_endpoint * CLAIMS_PER_SLOT if ahead else per_endpoint
         with raw_transaction(engine) as conn:
-            record_delivered(conn, [a for a in unrecorded if a[1].delivered])
-            for message, result in unrecorded:
-                if not result.delivered:
-                    record(conn, message, result, settings)
-        for message, _ in unrecorded:
-            held.drop(message)
-        unrecorded.clear()
+            # The tail sends nothing to an endpoint that just failed: a send to a hanging
+            # receiver would keep the round (and every other endpoint's next messages) a
+            # whole timeout longer.
+            claimed = claim(conn, clock(), wanted, lease, cap, probes=ahead)
+        held.add(claimed)
+        slots.add(claimed)
+        sent += len(claimed)
+        return wanted - len(claimed)
 
+    recorder = Recorder(engine, settings, held)
     heartbeat = Heartbeat(renew_held, lease, clock, name="webhooks", written_at=time.monotonic())
     with heartbeat, ThreadPoolExecutor(threads, thread_name_prefix="webhook") as pool:
+        # After a claim that found less than it asked for, the next waits until an
+        # endpoint's queue drains or CLAIM_EVERY_S passes: claiming at every finished
+        # send cost more than sending.
+        short_at: float | None = None
         while True:
-            worth_it = (
-                short_at is None or slots.drained or time.monotonic() - short_at >= CLAIM_EVERY_S
-            )
-            if slots.busy < threads and worth_it and time.monotonic() < deadline:
-                wanted = max(threads - slots.busy, ahead - slots.held)
-                with raw_transaction(engine) as conn:
-                    claimed = claim(conn, clock(), wanted, lease, per_endpoint * CLAIMS_PER_SLOT)
-                short_at = time.monotonic() if len(claimed) < wanted else None
+            at = time.monotonic()
+            ahead = at < deadline
+            if not ahead:
+                let_go(slots.take_waiting())
+            may_claim = ahead or (bool(slots.running) and at < tail_end)
+            worth_it = short_at is None or slots.drained or at - short_at >= CLAIM_EVERY_S
+            if may_claim and worth_it and slots.busy < threads:
+                short_at = time.monotonic() if claim_now(ahead) > 0 else None
                 slots.drained = False
-                held.add(claimed)
-                sent += len(claimed)
-                slots.add(claimed)
             slots.start(pool, one)
+            # What could not start at once is let go, not held (and not claimed again
+            # before CLAIM_EVERY_S).
+            if not ahead and let_go(slots.take_waiting()):
+                short_at = time.monotonic()
             if not slots.running:
-                record_finished()
+                recorder.flush()
                 return sent
             finished, slots.running = wait(
                 slots.running,
-                timeout=RECORD_EVERY_S if unrecorded else CLAIM_EVERY_S,
+                timeout=RECORD_EVERY_S if recorder.pending else CLAIM_EVERY_S,
                 return_when=FIRST_COMPLETED,
             )
             attempts = [future.result() for future in finished]
             slots.finished(attempts)  # their send slots are free at once
-            if attempts and not unrecorded:
-                first_unrecorded_at = time.monotonic()
-            unrecorded.extend(attempts)
-            if unrecorded and (
-                len(unrecorded) >= RECORD_BATCH
-                or time.monotonic() - first_unrecorded_at >= RECORD_EVERY_S
-            ):
-                record_finished()
+            if recorder.add(attempts):
+                let_go(slots.take_waiting(recorder.tripped()))
 
 
 @contextmanager

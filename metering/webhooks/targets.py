@@ -94,16 +94,76 @@ def _ip(text: str) -> IpAddress | None:
 
 
 def address_problem(address: IpAddress) -> str | None:
-    """Why a webhook may not be sent to ``address``; ``None`` for a public unicast one."""
-    mapped = getattr(address, "ipv4_mapped", None)
-    if mapped is not None:
-        return address_problem(mapped)
+    """Why a webhook may not be sent to ``address`` (``"a loopback address"``); ``None`` for a
+    public unicast one. An IPv4 address carried inside an IPv6 one is judged first, as plain
+    IPv4 is (:func:`embedded_ipv4`): ``ipaddress`` calls 6to4's 2002::/16 global, so
+    2002:7f00:1:: would otherwise reach 127.0.0.1 through a 6to4 relay."""
+    if isinstance(address, ipaddress.IPv6Address):
+        for via, ipv4 in embedded_ipv4(address):
+            problem = _own_problem(ipv4)
+            if problem is not None:
+                return f"the {via} form of {ipv4}, {problem}"
+        if address.ipv4_mapped is not None or address in _NAT64_WELL_KNOWN:
+            return None  # these stand for their IPv4 address alone, judged public above
+    return _own_problem(address)
+
+
+def _own_problem(address: IpAddress) -> str | None:
     for kind in ("loopback", "link_local", "multicast", "unspecified", "reserved", "private"):
         if getattr(address, f"is_{kind}"):
-            return kind.replace("_", "-")
+            return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind.replace('_', '-')} address"
     if not address.is_global:
-        return "not public"
+        return "a not public address"
     return None
+
+
+# The IPv6 forms that carry an IPv4 address a packet may end up at: IANA's IPv6
+# Special-Purpose Address Registry, RFC 4291 §2.5.5 (IPv4-compatible, IPv4-mapped),
+# RFC 3056 (6to4), RFC 4380 §4 (Teredo), RFC 6052 §2 (NAT64's formats) with RFC 8215's
+# local-use prefix, and RFC 5214 §6.1 (ISATAP interface identifiers, under any prefix).
+# Network-specific NAT64 prefixes (RFC 6052 §2.3) are an operator's choice and cannot be
+# known here: a deployment with one refuses it at its egress.
+_NAT64_WELL_KNOWN = ipaddress.IPv6Network("64:ff9b::/96")
+_NAT64_LOCAL_USE = ipaddress.IPv6Network("64:ff9b:1::/48")
+_IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")
+_RFC6052_LENGTHS_IN_LOCAL_USE = (96, 64, 56, 48)  # the RFC 6052 lengths inside a /48
+_ISATAP_MARK = 0x0000_5EFE  # RFC 5214 §6.1, with the u and g bits masked off
+_U_AND_G_BITS = 0x0300_0000
+
+
+def embedded_ipv4(address: ipaddress.IPv6Address) -> list[tuple[str, ipaddress.IPv4Address]]:
+    """Every IPv4 address ``address`` carries, each with the name of the form carrying it;
+    for a local-use NAT64 address every RFC 6052 position, its prefix length being the
+    operator's."""
+    found: list[tuple[str, ipaddress.IPv4Address]] = []
+    value = int(address)
+    if address.ipv4_mapped is not None:
+        found.append(("IPv4-mapped", address.ipv4_mapped))
+    if address in _IPV4_COMPATIBLE and value > 1:  # :: and ::1 are not IPv4-compatible
+        found.append(("IPv4-compatible", ipaddress.IPv4Address(value & 0xFFFF_FFFF)))
+    if address.sixtofour is not None:
+        found.append(("6to4", address.sixtofour))
+    if address.teredo is not None:
+        server, client = address.teredo
+        found += [("Teredo server", server), ("Teredo client", client)]
+    if address in _NAT64_WELL_KNOWN:
+        found.append(("NAT64", ipaddress.IPv4Address(value & 0xFFFF_FFFF)))
+    if address in _NAT64_LOCAL_USE:
+        found += [
+            ("local-use NAT64", _rfc6052_ipv4(address, n)) for n in _RFC6052_LENGTHS_IN_LOCAL_USE
+        ]
+    if (value >> 32) & 0xFFFF_FFFF & ~_U_AND_G_BITS == _ISATAP_MARK:
+        found.append(("ISATAP", ipaddress.IPv4Address(value & 0xFFFF_FFFF)))
+    return found
+
+
+def _rfc6052_ipv4(address: ipaddress.IPv6Address, prefix_length: int) -> ipaddress.IPv4Address:
+    """The IPv4 address after a NAT64 prefix of ``prefix_length`` bits (RFC 6052 §2.2: its
+    32 bits follow the prefix, skipping bits 64 to 71, which are zero)."""
+    packed = address.packed
+    start = prefix_length // 8
+    octets = [packed[i] for i in range(start, 16) if i != 8][:4]
+    return ipaddress.IPv4Address(bytes(octets))
 
 
 def system_resolver(host: str, port: int) -> list[str]:
@@ -122,7 +182,7 @@ def refuse_private(url: WebhookUrl, addresses: list[str]) -> None:
             named = f"{text} is" if text == url.host else f"{url.host} resolves to {text},"
             raise UrlRefused(
                 "url_target_forbidden",
-                f"{named} a {problem} address: webhooks go to public addresses only",
+                f"{named} {problem}: webhooks go to public addresses only",
             )
 
 

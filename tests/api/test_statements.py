@@ -266,3 +266,28 @@ def test_statement_downloads_name_their_charset_once(client, make_key, month, su
     reply = statement(client, key, period=PERIOD + suffix)
     assert reply.status_code == 200
     assert reply.headers["content-type"].count("charset") == 1, reply.headers["content-type"]
+
+
+def documented_media_types(client: Any, path: str) -> set[str]:
+    doc = client.get("/schema/openapi.json").json()
+    return set(doc["paths"][path]["get"]["responses"]["200"]["content"])
+
+
+def test_every_statement_representation_is_the_one_the_schema_documents(client, make_key, month):
+    """The schema said application/json for the statement and its signed link, which answer
+    CSV and HTML too: a client generated from it, or Schemathesis, read a page as wrong."""
+    key = make_key(scope="support")
+    documented = documented_media_types(client, "/v1/customers/{customer}/statements/{period}")
+    for suffix in ("", ".csv", ".html"):
+        reply = statement(client, key, period=f"{PERIOD}{suffix}")
+        assert reply.status_code == 200
+        assert reply.headers["content-type"].split(";")[0] in documented, suffix
+    link = client.post(
+        "/v1/support/customers/cust-1/statement-links", json={"period": PERIOD}, headers=auth(key)
+    )
+    assert link.status_code == 201, link.text
+    page = client.get(link.json()["url"])
+    assert page.status_code == 200
+    assert page.headers["content-type"].split(";")[0] in documented_media_types(
+        client, "/v1/statement-links/{token}"
+    )

@@ -1,6 +1,6 @@
 """The process's fan-out (api/stream_hub.py) on the real database, without HTTP: what an
 inbox is offered, when it must catch up from the table instead, and how many streams a
-process and a key may hold."""
+process, a tenant and a key may hold."""
 
 from __future__ import annotations
 
@@ -67,6 +67,36 @@ def test_a_process_and_a_key_hold_at_most_their_share_of_streams(settings, engin
             hub.unsubscribe(first)  # twice is harmless
             assert (hub.open, hub.held_by("key-a")) == (2, 1)
             hub.subscribe(scope, "key-a")
+        finally:
+            await hub.close()
+
+    run_in_fresh_loop(main)
+
+
+def test_a_tenant_at_its_share_is_told_so_with_a_429_even_when_the_process_is_full(
+    settings, engine, db
+):
+    async def main() -> None:
+        caps = {"stream_max_per_process": 3, "stream_max_per_tenant": 2, "stream_max_per_key": 1}
+        hub = StreamHub(settings.model_copy(update=caps), engine)
+        acme, globex = StreamScope("acme", "c1"), StreamScope("globex", "c1")
+        try:
+            first = hub.subscribe(acme, "acme-1")
+            hub.subscribe(acme, "acme-2")
+            hub.subscribe(globex, "globex-1")  # the process is full now
+            with pytest.raises(MeteringError) as over_share:  # its own doing, process aside
+                hub.subscribe(acme, "acme-3")
+            assert (over_share.value.status, over_share.value.code) == (
+                429,
+                "too_many_streams_for_tenant",
+            )
+            assert over_share.value.extra == {"retry_after_s": 5, "limit": 2}
+            with pytest.raises(MeteringError) as full:  # within its share: the process is full
+                hub.subscribe(globex, "globex-2")
+            assert (full.value.status, full.value.code) == (503, "too_many_streams")
+            hub.unsubscribe(first)
+            assert (hub.open, hub.held_by_tenant("acme"), hub.held_by_tenant("globex")) == (2, 1, 1)
+            hub.subscribe(globex, "globex-2")  # room again, for whoever is within its share
         finally:
             await hub.close()
 

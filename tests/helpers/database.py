@@ -5,7 +5,9 @@ from __future__ import annotations
 # The pepper the test settings hash API keys with; a test that starts its own process or
 # reads the stored hashes needs the same one.
 TEST_PEPPER = "test-pepper-0123456789abcdef0123456789abcdef"  # strong enough to serve (32+ bytes)
-# Tables that hold a test's data; prices and the schema version survive between tests.
+# Tables that hold a test's data; prices and the schema version survive between tests, and
+# so do the append-only policy_versions and policy_withdrawals, which refuse TRUNCATE: each
+# test that writes a policy uses a tenant of its own.
 DATA_TABLES = (
     "webhook_attempts",
     "webhook_messages",

@@ -38,6 +38,7 @@ class Received:
     status: int
     answered_seq: int = -1  # the order in which the answer was sent
     at: datetime | None = None  # on the receiver's ``clock``, when it has one
+    arrived_s: float = 0.0  # ``time.monotonic()`` when the request arrived
 
     @property
     def payload(self) -> dict[str, Any]:
@@ -146,6 +147,7 @@ def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
             headers = {k.lower(): v for k, v in self.headers.items()}
             msg_id = headers.get("webhook-id", "")
             at = receiver.clock() if receiver.clock else None
+            arrived_s = time.monotonic()
             with receiver._lock:
                 seq = next(receiver._seq)
             while receiver.hang.is_set():
@@ -153,7 +155,7 @@ def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
                 time.sleep(0.05)
             verified = receiver.verify(body, headers)
             status = receiver.answer(msg_id, verified)
-            got = Received(seq, msg_id, headers, body, verified, status, at=at)
+            got = Received(seq, msg_id, headers, body, verified, status, at=at, arrived_s=arrived_s)
             with receiver._lock:
                 got.answered_seq = next(receiver._seq)
                 receiver.requests.append(got)

@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from metering.db import raw_transaction
+from metering.webhooks.breaker import HALF_OPEN_AFTER
 from metering.webhooks.delivery import CLAIM
 from tests.helpers.webhooks import add_endpoint
 
@@ -69,6 +70,8 @@ def test_a_claim_probes_each_messages_run_line_instead_of_walking_the_backlog(en
         "limit": CLAIMED,
         "until": now + timedelta(seconds=30),
         "per_endpoint": 1_000_000,
+        "half_open_after": HALF_OPEN_AFTER,
+        "probes": True,
     }
     with raw_transaction(engine) as conn:
         ((explained,),) = conn.execute(

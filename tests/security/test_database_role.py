@@ -36,6 +36,7 @@ APPEND_ONLY = (
     "stripe_deliveries",
     "audit_log",
     "policy_versions",
+    "policy_withdrawals",
 )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 
 import httpx
 import pytest
@@ -89,46 +90,86 @@ def test_a_flood_of_forged_ids_never_pushes_real_keys_out_of_the_cache(engine, m
     assert keys.lookups == looked_up
 
 
+FLOOD = 40  # forged keys, each with a fresh id, from one address
+LOW_LIMITS = {
+    "FAIRMETER_RATE_LIMIT_ANONYMOUS_REQUESTS": "5",
+    "FAIRMETER_RATE_LIMIT_WINDOW_S": "60",
+}
+
+
+def forged_flood(http: httpx.Client, base: str) -> list[int]:
+    """Tenant A's flood: ``FLOOD`` requests, each with a forged key of a fresh id."""
+    return [
+        http.get(f"{base}/v1/runs/x", headers=auth(generate_key(Scope.INGEST).raw)).status_code
+        for _ in range(FLOOD)
+    ]
+
+
+def first_requests(http: httpx.Client, base: str, key: str) -> list[httpx.Response]:
+    """Tenant B's first five requests to a process (no such run: its own 404)."""
+    return [http.get(f"{base}/v1/runs/x", headers=auth(key)) for _ in range(5)]
+
+
 def test_a_key_found_by_one_process_is_not_refused_at_another_after_a_forged_flood(
     settings, make_key, db, tmp_path
 ):
     """Behind a proxy every client shares one address. Tenant A's forged key ids spend that
     address's budget at a freshly started process; tenant B's key, which another process
-    has found, must still get through there (it skips the address's budget)."""
+    has found but this one never saw, must still get through there (it skips the address's
+    budget), every one of its first requests."""
     b_key = make_key(tenant="tenant-b", scope="support")
-    prefix = unique_prefix()
     limits = {
-        "FAIRMETER_RATE_LIMIT_ANONYMOUS_REQUESTS": "5",
-        "FAIRMETER_RATE_LIMIT_WINDOW_S": "60",
-        "FAIRMETER_RATE_LIMIT_REDIS_PREFIX": prefix,
+        **LOW_LIMITS,
+        "FAIRMETER_RATE_LIMIT_REDIS_PREFIX": unique_prefix(),
         "FAIRMETER_KEY_CACHE_TTL_S": "600",  # outlasts a slow start of the second process
     }
     with (
         serve(settings, tmp_path, **limits) as one,
-        serve(settings, tmp_path, **limits) as two,
+        serve(settings, tmp_path, **limits) as fresh,
         httpx.Client(timeout=10) as http,
     ):
+        # B's key found at the first process; as no process had found it yet, that lookup
+        # was paid from this address's budget: one of its five.
         assert http.get(f"{one.base}/v1/runs/x", headers=auth(b_key)).status_code == 404
-        flood = []
-        while not flood or flood[-1] != 429:  # tenant A, at the other process
-            forged = generate_key(Scope.INGEST).raw
-            flood.append(http.get(f"{two.base}/v1/runs/x", headers=auth(forged)).status_code)
-            assert len(flood) <= 10
-        assert set(flood[:-1]) == {401}
-        assert http.get(f"{two.base}/v1/runs/x").status_code == 429  # the address is spent
-        b_first = http.get(f"{two.base}/v1/runs/x", headers=auth(b_key))
-    assert b_first.status_code == 404  # B's own reply (no such run), not A's 429
-    assert b_first.headers["RateLimit-Limit"] == "2000"  # counted against B's key alone
+        assert forged_flood(http, fresh.base) == [401] * 4 + [429] * (FLOOD - 4)
+        assert http.get(f"{fresh.base}/v1/runs/x").status_code == 429  # the address is spent
+        b_first = first_requests(http, fresh.base, b_key)
+    assert [r.status_code for r in b_first] == [404] * 5  # B's own replies, not A's 429
+    assert {r.headers["RateLimit-Limit"] for r in b_first} == {"2000"}  # B's key's budget
 
 
-def test_only_key_ids_found_in_the_database_are_shared_and_only_for_the_key_cache_ttl(
-    settings, make_key
+def test_a_key_idle_for_longer_than_the_key_cache_is_not_refused_after_a_forged_flood(
+    settings, make_key, db, tmp_path
 ):
-    """What the processes share in Redis: the real key's id, expiring with the key cache;
-    a flood of forged ids adds nothing there."""
+    """Tenant B's key was last used a while ago, longer than any process trusts a lookup
+    (the key cache's TTL): a process that has never seen it, its address spent by tenant
+    A's flood, must still let B's first requests through (main: 5 × 429, because the id
+    was remembered as found only for the key cache's TTL)."""
+    b_key = make_key(tenant="tenant-b", scope="support")
+    prefix = unique_prefix()
+    with client_with(settings, rate_limit_redis_prefix=prefix, key_cache_ttl_s=1.0) as other:
+        assert other.get("/v1/runs/x", headers=auth(b_key)).status_code == 404
+    last_used = time.monotonic()
+    limits = {
+        **LOW_LIMITS,
+        "FAIRMETER_RATE_LIMIT_REDIS_PREFIX": prefix,
+        "FAIRMETER_KEY_CACHE_TTL_S": "1",
+    }
+    with serve(settings, tmp_path, **limits) as fresh, httpx.Client(timeout=10) as http:
+        time.sleep(max(0.0, last_used + 1.5 - time.monotonic()))  # idle past the key cache
+        assert forged_flood(http, fresh.base) == [401] * 5 + [429] * (FLOOD - 5)
+        b_first = first_requests(http, fresh.base, b_key)
+    assert [r.status_code for r in b_first] == [404] * 5
+    assert {r.headers["RateLimit-Limit"] for r in b_first} == {"2000"}
+
+
+def test_only_key_ids_found_in_the_database_are_shared_and_only_for_their_ttl(settings, make_key):
+    """What the processes share in Redis: the real key's id, expiring after
+    ``rate_limit_found_key_ttl_s``; a flood of forged ids adds nothing there."""
     real = make_key(scope="support")
     prefix = unique_prefix()
-    with client_with(settings, rate_limit_redis_prefix=prefix, key_cache_ttl_s=45.0) as client:
+    changes = {"rate_limit_redis_prefix": prefix, "rate_limit_found_key_ttl_s": 45.0}
+    with client_with(settings, **changes) as client:
         assert client.get("/v1/runs/x", headers=auth(real)).status_code == 404
         for _ in range(10):
             forged = generate_key(Scope.INGEST).raw

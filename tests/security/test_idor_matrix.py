@@ -54,6 +54,7 @@ TENANT_TABLES = (
     "events",
     "ledger_entries",
     "policy_versions",
+    "policy_withdrawals",
     "runs",
     "statement_lines",
     "statement_totals",
@@ -127,9 +128,12 @@ def bodies(data: TenantData) -> dict[str, tuple[str, bytes]]:
         "RedeliverSince": as_json({"since": "2020-01-01T00:00:00Z"}),
         # A version that changes nothing: the probing tenant's settlement stays as it was.
         "PolicyCreate": as_json({"document": {}, "note": "probe"}),
+        "PolicyWithdraw": as_json({"reason": "probe"}),
         "WhatIfRequest": as_json({"period": "current", "document": {"rules": {"R4": False}}}),
         "POST /v1/events": ("application/cloudevents+json", json.dumps(event).encode()),
-        "POST /v1/traces": ("application/json", one_chat_json(data.runs[0], data.customer)),
+        # Another of A's runs than the CloudEvent's: the prober's own run of that name would
+        # have its usage through CloudEvents already, and the refusal names the run it sent.
+        "POST /v1/traces": ("application/json", one_chat_json(data.runs[1], data.customer)),
     }
 
 
