@@ -344,7 +344,7 @@ class Settings(BaseSettings):
     # An endpoint failing in a row (timeouts, refused connections, 5xx) gets one probing
     # send at a time, then none for a pause doubling from the first to the second figure
     # (metering/webhooks/breaker.py); one answered attempt ends it. The cap is the first
-    # retry wait: a message's retries keep their schedule within that.
+    # retry wait; retries due together at a failing endpoint go one probe after another.
     webhooks_breaker_pause_s: float = 1.0
     webhooks_breaker_max_pause_s: float = 5.0
     # A notification id the fan-out passed over (its transaction had not committed yet) is
