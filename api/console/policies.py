@@ -35,6 +35,15 @@ def _state(version: versions.PolicyVersion, current: int, now: datetime) -> str:
     return "superseded"
 
 
+def _counted_before(
+    found: list[versions.PolicyVersion], index: int
+) -> versions.PolicyVersion | None:
+    """The version ``found[index]`` follows in force: the latest earlier one not withdrawn.
+    A withdrawn version was never in force, so what a version changes is read against the
+    one it actually replaces (comparing with the withdrawn one showed changes nobody had)."""
+    return next((v for v in reversed(found[:index]) if v.withdrawn is None), None)
+
+
 def admin_console(request: Request[Any, Any, Any], services: Services) -> Console:
     """The signed-in console user, if an admin: policies are, as ``/v1/policies``; a
     support key gets a 403 page."""
@@ -54,16 +63,19 @@ def policies_page(request: Request[Any, Any, Any], state: State) -> Response[str
         )
     now = datetime.now(UTC)
     current = versions.in_force_at(found, now)
-    rows = [
-        {
-            "version": v,
-            "in_force": v.version == current,
-            "state": _state(v, current, now),
-            "changes": diff_policies(found[i - 1].document, v.document) if i else [],
-            "document": v.document.as_json(),
-        }
-        for i, v in enumerate(found)
-    ]
+    rows = []
+    for i, v in enumerate(found):
+        before = _counted_before(found, i)
+        rows.append(
+            {
+                "version": v,
+                "in_force": v.version == current,
+                "state": _state(v, current, now),
+                "changes": diff_policies(before.document, v.document) if before else [],
+                "since": before.version if before else None,
+                "document": v.document.as_json(),
+            }
+        )
     return page_response(
         request, "policies.html", console, nav="policies", rows=list(reversed(rows))
     )

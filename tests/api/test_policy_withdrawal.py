@@ -4,6 +4,7 @@ the horizon refuses a mistyped year, and an admin withdraws a version not yet in
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import uuid
@@ -169,3 +170,25 @@ def test_the_cli_withdraws_a_scheduled_version_and_keeps_the_horizon(client, ten
     assert done.stdout.startswith("version 1 withdrawn at ")
     shown = client.get("/v1/policies/1", headers=auth(key)).json()["withdrawn"]
     assert (shown["withdrawn_by"], shown["reason"]) == ("cli", "wrong month")
+
+
+def test_the_console_reads_a_version_s_changes_against_the_one_it_replaces_not_a_withdrawn_one(
+    client, tenant
+):
+    """Version 3 follows version 1 in force (2 was withdrawn before it took effect): its
+    changes are read against 1, so the console shows the one change a person made."""
+    from tests.security.test_console_sessions import sign_in, visit
+
+    _, key = tenant
+    assert create(client, key, document={"cap_runs": 3}).status_code == 201
+    soon = (datetime.now(UTC) + timedelta(days=2)).isoformat()
+    assert create(client, key, document={"cap_runs": 99}, effective_from=soon).status_code == 201
+    assert withdraw(client, key, 2, reason="typo").status_code == 200
+    assert create(client, key, document={"cap_runs": 4}).status_code == 201
+    page = visit(client, sign_in(client, key), "/console/policies").text
+    row = re.search(r'<tr data-version="3">(.*?)</tr>', page, re.S)
+    assert row is not None
+    assert "cap_runs</span>: 3 → 4" in row.group(1)  # not "99 → 4"
+    assert "from version 1 (the versions between were withdrawn)" in row.group(1)
+    withdrawn = re.search(r'<tr data-version="2">(.*?)</tr>', page, re.S)
+    assert withdrawn is not None and "cap_runs</span>: 3 → 99" in withdrawn.group(1)
