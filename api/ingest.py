@@ -50,7 +50,9 @@ async def post_events(request: Request[Any, Any, Any], state: State) -> IngestRe
     prepared = _prepare_here(request, body, services)
     if prepared is None:
         prepared = await to_thread.run_sync(_prepare, request, body, services)
-    await spend_event_budget(services.limiter, bearer_key(request), len(prepared.events))
+    await spend_event_budget(
+        services.limiter, bearer_key(request), prepared.tenant_id, len(prepared.events)
+    )
     try:
         result = await store_request(prepared, services)
     except MeteringError as exc:

@@ -86,7 +86,7 @@ async def post_traces(request: Request[Any, Any, Any], state: State) -> Response
             _prepare, principal, request, body, encoding, services
         )
         events = len(prepared.request.events)
-        await spend_event_budget(services.limiter, bearer_key(request), events)
+        await spend_event_budget(services.limiter, bearer_key(request), principal.tenant_id, events)
         refused_at_store = await _store(prepared.request, services, guard) if events else []
     record_spans("accepted", "", events - len(refused_at_store))  # stored, or stored before
     record_spans("rejected", "refused_by_ingest", len(prepared.refused) + len(refused_at_store))

@@ -5,7 +5,9 @@ limit chosen by the key's scope. Every limited response carries the IETF draft h
 ``RateLimit-Limit``, ``RateLimit-Remaining`` and ``RateLimit-Reset``; over the limit the
 reply is a 429 problem document with ``Retry-After``. Ingest keys also have an events budget
 per window, spent by each batch's event count after it is validated (``spend_event_budget``),
-so batching does not multiply what a key may store.
+so batching does not multiply what a key may store; and every tenant has one across all its
+keys (``rate_limit_tenant_events``), so issuing more keys (one per end customer, say) does
+not multiply what one tenant may take of the deployment's ingest either.
 
 A key id that no API process has found in the database lately is counted against the
 client address *before* it is looked up: forged keys with fresh ids, which would each cost a
@@ -264,11 +266,16 @@ class RateLimiter:
     def _found_key(self, key_id: str) -> str:
         return f"{self._settings.rate_limit_redis_prefix}:found:{key_id}"
 
-    async def spend_events(self, key_id: str, events: int) -> Verdict | None:
+    async def spend_tenant_events(self, tenant: str, events: int) -> Verdict | None:
+        """Count a batch's events against its tenant's events budget, all keys together
+        (``None``: Redis is down)."""
+        limit = self._settings.rate_limit_tenant_events
+        return await self.hit(f"events:tenant:{tenant}", limit, cost=events)
+
+    async def spend_key_events(self, key_id: str, events: int) -> Verdict | None:
         """Count a batch's events against its key's events budget (``None``: Redis is down)."""
-        return await self.hit(
-            f"events:key:{key_id}", self._settings.rate_limit_ingest_events, cost=events
-        )
+        limit = self._settings.rate_limit_ingest_events
+        return await self.hit(f"events:key:{key_id}", limit, cost=events)
 
     def _remember(self, bucket: str, lease: _Lease) -> None:
         if len(self._leases) >= MAX_LEASES:
@@ -287,18 +294,30 @@ class RateLimiter:
         )
 
 
-async def spend_event_budget(limiter: RateLimiter | None, key: str, events: int) -> None:
-    """Count an ingest batch's events against its (already authenticated) key: a 1,000-event
-    batch is one request but 1,000 events, so batching cannot multiply a key's budget.
-    Raises a 429 ``rate_limited`` problem, before anything is stored, over the limit."""
+async def spend_event_budget(
+    limiter: RateLimiter | None, key: str, tenant: str, events: int
+) -> None:
+    """Count an ingest batch's events against its (already authenticated) key and its
+    tenant: a 1,000-event batch is one request but 1,000 events, so batching cannot
+    multiply a key's budget, nor more keys a tenant's. Raises a 429 ``rate_limited``
+    problem, before anything is stored, over either limit.
+
+    The tenant's budget is asked first: it is the one a busy tenant meets, and a batch it
+    refuses then costs the key nothing. (One the key refuses has been counted against the
+    tenant: the budgets are windows in Redis, not transactions; it errs on refusing.)"""
     parsed = parse_key(key)
     if limiter is None or parsed is None:
         return
-    verdict = await limiter.spend_events(parsed.key_id, events)
+    tenant_verdict = await limiter.spend_tenant_events(tenant, events)
+    _refuse_if_over(tenant_verdict, events, "this tenant")
+    _refuse_if_over(await limiter.spend_key_events(parsed.key_id, events), events, "this key")
+
+
+def _refuse_if_over(verdict: Verdict | None, events: int, whose: str) -> None:
     if verdict is not None and not verdict.allowed:
         record_rejection(events, "rate_limited")
         raise rate_limited(
-            f"more than {verdict.limit} events in this window for this key; retry later",
+            f"more than {verdict.limit} events in this window for {whose}; retry later",
             verdict.reset_s,
         )
 

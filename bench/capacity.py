@@ -133,6 +133,8 @@ def ingest_phase(opts: argparse.Namespace, url: str, key: str, bodies: list[byte
         "REDIS_URL": opts.redis_url,
         "FAIRMETER_KEY_PEPPER": PEPPER,
         "FAIRMETER_LOG_LEVEL": "WARNING",
+        # capacity for one tenant, not that tenant's share (rate_limit_tenant_events)
+        "FAIRMETER_RATE_LIMIT_TENANT_EVENTS": str(10**9),
     }
     port = free_port()
     warm = min(WARM_BATCHES, len(bodies) // 10)

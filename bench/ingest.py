@@ -402,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
         "REDIS_URL": opts.redis_url,
         "FAIRMETER_KEY_PEPPER": PEPPER,
         "FAIRMETER_LOG_LEVEL": "WARNING",
+        # capacity for one tenant, not that tenant's share (rate_limit_tenant_events)
+        "FAIRMETER_RATE_LIMIT_TENANT_EVENTS": str(10**9),
         "BENCH_DATABASE_URL": url,
         "BENCH_POOL_SIZE": str(max(4, opts.connections // opts.workers)),
     }

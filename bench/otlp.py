@@ -162,6 +162,8 @@ def main() -> int:
         "REDIS_URL": opts.redis_url,
         "FAIRMETER_KEY_PEPPER": ingest.PEPPER,
         "FAIRMETER_LOG_LEVEL": "WARNING",
+        # capacity for one tenant, not that tenant's share (rate_limit_tenant_events)
+        "FAIRMETER_RATE_LIMIT_TENANT_EVENTS": str(10**9),
     }
     port = free_port()
     with ExitStack() as stack:

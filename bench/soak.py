@@ -118,6 +118,8 @@ def service_env(url: str, redis_url: str, pepper: str) -> dict[str, str]:
         REDIS_URL=redis_url,
         FAIRMETER_KEY_PEPPER=pepper,
         FAIRMETER_LOG_LEVEL="WARNING",
+        # capacity for one tenant, not that tenant's share (rate_limit_tenant_events)
+        FAIRMETER_RATE_LIMIT_TENANT_EVENTS=str(10**9),
     )
     return env
 

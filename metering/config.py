@@ -251,6 +251,11 @@ class Settings(BaseSettings):
     # 1,000 of these (and one request). A batch that does not fit is refused whole, so keep
     # this at least max_batch_events.
     rate_limit_ingest_events: int = 100_000
+    # Events per window per tenant, all its keys and both protocols together: a tenant's
+    # share of the deployment's ingest. Issuing more keys does not raise it. Size it to a
+    # share of what the deployment stores (docs/reliability.md, "Ingest next to a tenant's
+    # heavy requests"); at least max_batch_events and otlp_max_spans_per_request.
+    rate_limit_tenant_events: int = Field(default=20_000, ge=1)
     rate_limit_redis_prefix: str = "fairmeter:ratelimit"
     # How long a key id found in the database is remembered in Redis as real, so that it
     # skips the client address's anonymous budget at every API process (each lookup that

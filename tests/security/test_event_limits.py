@@ -70,3 +70,35 @@ def test_one_keys_events_do_not_spend_another_keys_budget(settings, make_key, db
         assert batch(client, flooder, "f2", 1).status_code == 429
         assert batch(client, neighbour, "n1", 100).status_code == 200
     assert stored(db) == 200
+
+
+def test_more_keys_do_not_multiply_a_tenant_s_events_and_its_neighbour_keeps_its_own(
+    settings, make_key, db
+):
+    """A tenant's keys share one events budget (issue #30: a tenant issuing a key per end
+    customer multiplied the per-key budget by its number of keys); the OTLP path spends
+    the same budget, and another tenant's is untouched."""
+    from tests.api.test_otlp_gzip_members import run_export
+
+    first, second = make_key(tenant="many-keys-co"), make_key(tenant="many-keys-co")
+    neighbour = make_key(tenant="next-door-co")
+    with client_with(
+        settings,
+        rate_limit_redis_prefix=unique_prefix(),
+        rate_limit_window_s=60.0,
+        rate_limit_tenant_events=100,
+    ) as client:
+        assert batch(client, first, "k1", 60).status_code == 200
+        export = client.post(
+            "/v1/traces",
+            content=run_export("budget-otlp"),
+            headers=auth(second, **{"content-type": "application/x-protobuf"}),
+        )
+        assert export.status_code == 200  # two events (the model call, the run's end): 62
+        refused = batch(client, second, "k2", 40)  # 40 would fit its own key, not the tenant
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["code"] == "rate_limited"
+        assert "more than 100 events in this window for this tenant" in refused.json()["detail"]
+        assert 1 <= int(refused.headers["Retry-After"]) <= 60
+        assert batch(client, neighbour, "n1", 100).status_code == 200
+    assert stored(db) == 60 + 2 + 100  # a refused batch stores nothing
