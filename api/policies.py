@@ -233,6 +233,7 @@ async def policy_what_if(
                 defaults,
                 _now(),
                 Parallelism.of(services.settings),
+                cancelled=lambda: guard.cancelled,
             )
         if as_csv:
             return whatif_download(report, chosen)

@@ -232,7 +232,7 @@ def what_if_command(
                 document,
                 settings_policy(settings),
                 datetime.now(UTC),
-                Parallelism.of(settings),
+                Parallelism.in_process(settings),
             )
     except MeteringError as error:
         raise _fail(error) from None

@@ -161,9 +161,14 @@ class Settings(BaseSettings):
     broker_delivery_limit: int = Field(default=5, ge=1)
 
     # What-if replays (metering/settlement/replay_shards.py): a large period is replayed on
-    # this many processes, all reading one snapshot. 0: one per CPU; 1: in the request's
-    # own process only.
+    # this many processes, all reading one snapshot. 0: one per CPU. An API request's
+    # replay always runs in these worker processes, never in the API process (whose other
+    # requests would wait for its GIL); the command line replays a small period itself.
     whatif_processes: int = Field(default=0, ge=0, le=64)
+    # How much the what-if workers of an API process lower their priority (``os.nice``) when
+    # they start: the OS then gives the API processes the CPU first and a replay what is
+    # left, so another tenant's ingest does not wait for it (issue #30). 0 keeps it equal.
+    whatif_nice: int = Field(default=10, ge=0, le=19)
 
     # Heavy requests (what-ifs, OTLP exports), bounded per tenant so that one tenant's heavy
     # work uses only its share (docs/reliability.md, "Ingest next to a tenant's heavy

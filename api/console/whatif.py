@@ -2,9 +2,12 @@
 settled runs before it ships — totals and margin under the decisions in force and under
 the candidate, the runs whose outcome would change, each customer, and the CSV.
 
-It runs the same use case as ``POST /v1/policy/what-if`` (``metering.settlement.replay.
-what_if``: read-only, writes nothing), in-process. Running it is a POST with the session's
-CSRF token, as every console form; support keys get a 403 page, as from the API.
+It runs the same use case as ``POST /v1/policy/what-if`` (``metering.settlement.whatif.
+what_if``: read-only, writes nothing) under the same bounds (api/heavy.py): one of the
+tenant's what-if slots, shared with the API (a second one at once is refused on the form,
+429), the what-if's time limit (503), cancelled when the browser goes, and replayed by the
+worker processes, never in the API process. Running it is a POST with the session's CSRF
+token, as every console form; support keys get a 403 page, as from the API.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from anyio import to_thread
 from litestar import Request, Response, get, post
 from litestar.datastructures import State
 
@@ -19,9 +23,10 @@ from api.console.pages import page_response
 from api.console.policies import admin_console
 from api.console.web import Console, Form, check_csrf, error_message, services_of
 from api.console.whatif_form import KNOBS, SWITCHES, candidate_of, field_errors, form_of
+from api.heavy import Heavy, run_heavy
 from api.policy_wire import csv_table, whatif_download
 from api.services import Services
-from metering.db import raw_transaction
+from metering.db import QueryGuard, bounded_transaction, raw_transaction
 from metering.errors import MeteringError
 from metering.policies import versions
 from metering.policies.defaults import settings_policy
@@ -38,6 +43,9 @@ TOTALS = (
     ("Provider cost, credited", "credited_provider_cost_micros"),
     ("Margin after protection", "margin_after_micros"),
 )
+# Refusals shown on the form, the candidate kept: a field at fault (422), the tenant's
+# what-if slots all taken (429) and a what-if out of time (503), both worth a retry.
+SHOWN_ON_FORM = frozenset({422, 429, 503})
 
 
 def _page(
@@ -63,22 +71,43 @@ def _page(
     )
     if error is not None:
         response.status_code = error.status
+        if "retry_after_s" in error.extra:
+            response.headers["Retry-After"] = str(error.extra["retry_after_s"])
     return response
 
 
-def _replay(services: Services, console: Console, form: dict[str, str]) -> WhatIf:
-    """The what-if of the form's candidate over its period; 422 for a field at fault."""
+def _signed_in_admin(
+    request: Request[Any, Any, Any], services: Services, form: dict[str, str]
+) -> Console:
+    console = admin_console(request, services)
+    check_csrf(console, services, form)
+    return console
+
+
+async def _replay(
+    request: Request[Any, Any, Any], services: Services, console: Console, form: dict[str, str]
+) -> WhatIf:
+    """The what-if of the form's candidate over its period, bounded as the API's; 422 for a
+    field at fault (before a slot is taken), 429 when the tenant runs one already."""
     candidate = candidate_of(form)
-    with raw_transaction(services.engine) as conn:
-        return what_if(
-            conn,
-            console.principal.tenant_id,
-            form.get("period", "").strip(),
-            candidate,
-            settings_policy(services.settings),
-            datetime.now(UTC),
-            Parallelism.of(services.settings),
-        )
+    settings = services.settings
+    tenant = console.principal.tenant_id
+    heavy = Heavy.what_if(settings)
+
+    def work(guard: QueryGuard) -> WhatIf:
+        with bounded_transaction(services.engine, heavy.limits, guard) as conn:
+            return what_if(
+                conn,
+                tenant,
+                form.get("period", "").strip(),
+                candidate,
+                settings_policy(settings),
+                datetime.now(UTC),
+                Parallelism.of(settings),
+                cancelled=lambda: guard.cancelled,
+            )
+
+    return await run_heavy(request, services, heavy, tenant, work)
 
 
 @get("/policies/what-if", sync_to_thread=True)
@@ -94,26 +123,25 @@ def whatif_form(request: Request[Any, Any, Any], state: State) -> Response[str]:
     return _page(request, console, form_of(latest.document, period))
 
 
-@post("/policies/what-if", sync_to_thread=True, status_code=200)
-def whatif_run(request: Request[Any, Any, Any], state: State, data: Form) -> Response[str]:
-    """The replay of the form's candidate; a bad field re-shows the form with its error."""
+@post("/policies/what-if", status_code=200)
+async def whatif_run(request: Request[Any, Any, Any], state: State, data: Form) -> Response[str]:
+    """The replay of the form's candidate; a bad field, or a refusal worth a retry, re-shows
+    the form with its error. Async: the request's disconnect cancels the replay."""
     services = services_of(state)
-    console = admin_console(request, services)
-    check_csrf(console, services, data)
+    console = await to_thread.run_sync(_signed_in_admin, request, services, data)
     try:
-        report = _replay(services, console, data)
+        report = await _replay(request, services, console, data)
     except MeteringError as exc:
-        if exc.status != 422:
+        if exc.status not in SHOWN_ON_FORM:
             raise
         return _page(request, console, data, error=exc)
     return _page(request, console, data, report=report)
 
 
-@post("/policies/what-if.csv", sync_to_thread=True, status_code=200)
-def whatif_csv(request: Request[Any, Any, Any], state: State, data: Form) -> Response[str]:
+@post("/policies/what-if.csv", status_code=200)
+async def whatif_csv(request: Request[Any, Any, Any], state: State, data: Form) -> Response[str]:
     """The same replay as the API's CSV: the customers, or (``table=changes``) the changes."""
     services = services_of(state)
-    console = admin_console(request, services)
-    check_csrf(console, services, data)
+    console = await to_thread.run_sync(_signed_in_admin, request, services, data)
     table = csv_table(data.get("table", "customers"))
-    return whatif_download(_replay(services, console, data), table)
+    return whatif_download(await _replay(request, services, console, data), table)
