@@ -60,17 +60,28 @@ def api_pid(served: Served) -> int:
 
 
 def workers_of(pid: int) -> dict[int, int]:
-    """The live children of process ``pid`` → their nice value."""
+    """The running children of process ``pid`` → their nice value."""
+    found = {}
+    for child, (state, ppid) in processes().items():
+        try:
+            if ppid == pid and state != "Z":
+                found[child] = os.getpriority(os.PRIO_PROCESS, child)
+        except OSError:  # gone meanwhile
+            continue
+    return found
+
+
+def processes() -> dict[int, tuple[str, int]]:
+    """Every process → its state and its parent, from ``/proc/<pid>/stat``."""
     found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
-            if int(ppid) == pid and state != "Z":
-                found[int(entry.name)] = os.getpriority(os.PRIO_PROCESS, int(entry.name))
-        except (OSError, ValueError):  # gone meanwhile
+        except OSError:  # gone meanwhile
             continue
+        found[int(entry.name)] = (state, int(ppid))
     return found
 
 
@@ -189,3 +200,19 @@ def test_an_export_after_its_worker_was_killed_is_stored_and_the_pool_is_started
     assert again.status_code == 200, again.text
     assert len(niced(pid) - {worker}) == 1, "no new worker after the pool broke"
     assert len(stored(db, "acme")) == 3 * LARGE
+
+
+def test_the_workers_end_with_their_api_process(pool_api, make_key, db):
+    """uvicorn ends on a SIGTERM raised again after its graceful shutdown: no exit handler
+    of the API process runs, and workers waiting for work must see it gone themselves."""
+    key, pid = make_key(tenant="acme"), api_pid(pool_api)
+    assert post(pool_api, key, mixed_export(good=LARGE)).status_code == 200
+    workers = niced(pid)
+    assert workers, "no worker started"
+
+    assert pool_api.process is not None
+    pool_api.process.terminate()
+    pool_api.process.wait(PROMPT_S)
+
+    running = lambda: {p for p, (state, _) in processes().items() if state != "Z"}  # noqa: E731
+    assert wait_until(lambda: not (workers & running()), PROMPT_S), "workers left behind"
