@@ -7,9 +7,9 @@ that ingest refuses here refuses only its own span, reported in the response's
 mapping made, so a retried export is the same events again: duplicates, never a second
 charge.
 
-Two steps: ``validate_spans`` (no database, no catalog; with the decoding and mapping
-before it, metering/otlp/export.py, most of an export's CPU time, which an API process runs
-in another process: api/cpu_pool.py) and ``price_spans`` (the price catalog).
+Two steps: ``validate_spans`` (no database, no catalog: with the decoding and mapping
+before it, api/otlp_work.py, most of an export's CPU time, which an API process runs in
+another process, api/cpu_pool.py) and ``price_spans`` (the price catalog).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class PreparedSpans:
 @dataclass(frozen=True, slots=True)
 class ValidatedSpans:
     """The events mapped from an export's spans, validated, not yet priced (picklable: a
-    worker process may validate them, metering/otlp/export.py)."""
+    worker process may validate them, api/otlp_work.py)."""
 
     valid: tuple[ValidEvent, ...]  # the events validation accepts
     refused: dict[int, str]  # a reason per event index validation refuses
