@@ -6,12 +6,16 @@ that ingest refuses here refuses only its own span, reported in the response's
 ``partial_success``, and the rest of the export is stored. The events stay those the
 mapping made, so a retried export is the same events again: duplicates, never a second
 charge.
+
+Two steps: ``validate_spans`` (no database, no catalog: with the decoding and mapping
+before it, api/otlp_work.py, most of an export's CPU time, which an API process runs in
+another process, api/cpu_pool.py) and ``price_spans`` (the price catalog).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Final
@@ -21,7 +25,7 @@ from metering.config import Settings
 from metering.errors import FieldError
 from metering.ingest.outcomes import IngestResult
 from metering.ingest.service import PreparedRequest, price_events, time_window
-from metering.ingest.validation import ValidEvent, validate_batch
+from metering.ingest.validation import TimeWindow, ValidEvent, validate_batch
 from metering.prices import CatalogCache
 
 # How many reasons the response's error_message names: enough to fix a backend, short
@@ -37,6 +41,38 @@ class PreparedSpans:
     refused: tuple[str, ...]  # one reason per span whose event ingest refuses
 
 
+@dataclass(frozen=True, slots=True)
+class ValidatedSpans:
+    """The events mapped from an export's spans, validated, not yet priced (picklable: a
+    worker process may validate them, api/otlp_work.py)."""
+
+    valid: tuple[ValidEvent, ...]  # the events validation accepts
+    refused: dict[int, str]  # a reason per event index validation refuses
+
+
+def validate_spans(events: Sequence[dict[str, Any]], window: TimeWindow) -> ValidatedSpans:
+    """Validate each event mapped from a span on its own; a refused event refuses its span."""
+    valid, errors = validate_batch(events, window)
+    refused = _reasons_by_index(errors, lambda index: events[index].get("id", "?"))
+    return ValidatedSpans(tuple(e for e in valid if e.index not in refused), refused)
+
+
+def price_spans(
+    spans: ValidatedSpans, tenant_id: str, received_at: datetime, catalogs: CatalogCache
+) -> PreparedSpans:
+    """Price each validated event on its own; an event whose model is unknown refuses its
+    span."""
+    priceable = spans.valid
+    prices, price_errors = price_events(priceable, catalogs.current(), single=False)
+    if price_errors:  # a model may have been added since the cache was filled
+        prices, price_errors = price_events(priceable, catalogs.refresh(), single=False)
+    ids = {event.index: event.id for event in priceable}
+    refused = {**spans.refused, **_reasons_by_index(price_errors, ids.__getitem__)}
+    accepted = [replace(e, protocol=OTLP) for e in priceable if e.index not in refused]
+    request = PreparedRequest(tenant_id, accepted, prices, single=False, received_at=received_at)
+    return PreparedSpans(request, tuple(refused[index] for index in sorted(refused)))
+
+
 def prepare_spans(
     events: Sequence[dict[str, Any]],
     tenant_id: str,
@@ -46,26 +82,17 @@ def prepare_spans(
 ) -> PreparedSpans:
     """Validate and price each event mapped from a span (``metering.otlp.map_spans``) on
     its own; a refused event refuses its span."""
-    valid, errors = validate_batch(events, time_window(settings, received_at))
-    refused = _reasons_by_index(errors, events)
-    priceable = [event for event in valid if event.index not in refused]
-    prices, price_errors = price_events(priceable, catalogs.current(), single=False)
-    if price_errors:  # a model may have been added since the cache was filled
-        prices, price_errors = price_events(priceable, catalogs.refresh(), single=False)
-    refused.update(_reasons_by_index(price_errors, events))
-    accepted = [replace(e, protocol=OTLP) for e in priceable if e.index not in refused]
-    request = PreparedRequest(tenant_id, accepted, prices, single=False, received_at=received_at)
-    return PreparedSpans(request, tuple(refused[index] for index in sorted(refused)))
+    spans = validate_spans(events, time_window(settings, received_at))
+    return price_spans(spans, tenant_id, received_at, catalogs)
 
 
-def _reasons_by_index(errors: list[FieldError], events: Sequence[dict[str, Any]]) -> dict[int, str]:
+def _reasons_by_index(errors: list[FieldError], event_id: Callable[[int], Any]) -> dict[int, str]:
     """Ingest's field errors (paths ``$[i].…``) → one reason per refused event index."""
     reasons: dict[int, str] = {}
     for error in errors:
         position, _, field = error.path.removeprefix("$[").partition("]")
         index = int(position)
-        event_id = events[index].get("id", "?")
-        reasons.setdefault(index, f"event {event_id}: {field.lstrip('.')}: {error.message}")
+        reasons.setdefault(index, f"event {event_id(index)}: {field.lstrip('.')}: {error.message}")
     return reasons
 
 

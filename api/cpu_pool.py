@@ -1,0 +1,151 @@
+"""A request's CPU-bound pure Python in other processes, at a lower CPU priority.
+
+Pure Python holds its process's GIL: an OTLP export's decode, mapping and validation
+(~0.3 s for 2,048 spans, ~1 s as OTLP/JSON) run on a thread of the API process held up
+every other request of that process meanwhile, another tenant's single events among them
+(issue #30, docs/reliability.md "Ingest next to a tenant's heavy requests"). Here that work
+runs in worker processes, each of which lowered its priority by ``heavy_cpu_nice`` when it
+started: the OS gives the API processes the CPU first, and the heavy work what is left.
+
+One pool per API process, started with the first piece of work (most processes never see a
+large export), ``otlp_cpu_processes`` workers at most. Workers are spawned, never forked:
+the API process has threads and pooled connections a fork would copy. A worker that dies (a
+kill, the OOM killer) breaks the pool for good; the work it had is then done in the calling
+thread, once, and the next piece of work starts a new pool — never a 500, never lost spans.
+The workers end with their API process.
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import asdict, dataclass
+from typing import Any, Final, TypeVar
+
+import psycopg
+
+from metering.config import Settings
+from metering.db import QueryGuard
+from metering.errors import MeteringError
+
+T = TypeVar("T")
+
+# How often a caller waiting for a worker looks whether its client is gone (or its time is
+# up), as api/heavy.py repeats a cancel request.
+GUARD_POLL_S: Final = 0.2
+# How often a worker looks whether its API process is still there.
+PARENT_POLL_S: Final = 1.0
+
+
+@dataclass(frozen=True)
+class _Refusal:
+    """A ``MeteringError`` raised in a worker, as fields: a dataclass exception whose fields
+    were given by keyword does not unpickle (its ``args`` are empty)."""
+
+    fields: dict[str, Any]
+
+
+def _start_worker(nice: int) -> None:
+    """A worker's initializer: ``nice`` steps below the API process, once, for its life; and
+    an end with the API process, however that ends."""
+    os.nice(nice)
+    threading.Thread(target=_exit_with, args=(os.getppid(),), daemon=True).start()
+
+
+def _exit_with(parent: int) -> None:
+    """End this worker once ``parent`` is gone (it is then another process's child): uvicorn
+    ends on the SIGTERM it caught, raised again, so no exit handler of the API process
+    shuts the pool down, and a worker waiting for work would wait forever."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    os._exit(0)
+
+
+def _refusing(work: Callable[..., T], *args: Any) -> T | _Refusal:
+    """``work(*args)`` in a worker, a ``MeteringError`` handed back as a value."""
+    try:
+        return work(*args)
+    except MeteringError as refusal:
+        return _Refusal(asdict(refusal))
+
+
+class CpuPool:
+    """Worker processes for one API process; :meth:`run` is called from worker threads."""
+
+    def __init__(self, processes: int, nice: int) -> None:
+        self.processes = processes
+        self.nice = nice
+        self._lock = threading.Lock()
+        self._executor: ProcessPoolExecutor | None = None
+
+    def run(self, guard: QueryGuard, work: Callable[..., T], *args: Any) -> T:
+        """``work(*args)`` (a module-level function; picklable arguments and result) in a
+        worker, its ``MeteringError`` raised here. When ``guard`` is cancelled (the client
+        is gone, the time is up) before the result is in, work not yet started is dropped
+        and ``QueryCanceled`` raised (a 503 through api/heavy.py): nothing is stored."""
+        executor = self._workers()
+        try:
+            outcome = self._awaited(executor.submit(_refusing, work, *args), guard)
+        except BrokenProcessPool:  # at submit, or while the worker had it
+            self._drop(executor)
+            return work(*args)
+        if isinstance(outcome, _Refusal):
+            raise MeteringError(**outcome.fields)
+        return outcome
+
+    def _awaited(self, future: Future[T | _Refusal], guard: QueryGuard) -> T | _Refusal:
+        while not wait([future], timeout=GUARD_POLL_S).done:
+            if guard.cancelled:
+                future.cancel()  # only if no worker has taken it yet; its result is dropped
+                raise psycopg.errors.QueryCanceled("the request was cancelled: not stored")
+        return future.result()
+
+    def _workers(self) -> ProcessPoolExecutor:
+        with self._lock:
+            if self._executor is None:
+                self._executor = ProcessPoolExecutor(
+                    self.processes,
+                    mp_context=multiprocessing.get_context("spawn"),
+                    initializer=_start_worker,
+                    initargs=(self.nice,),
+                )
+            return self._executor
+
+    def _drop(self, executor: ProcessPoolExecutor | None) -> None:
+        """Forget ``executor`` (broken) unless another thread already has; the next piece of
+        work starts a new pool."""
+        with self._lock:
+            if executor is None or self._executor is not executor:
+                return
+            self._executor = None
+        executor.shutdown(wait=False, cancel_futures=True)
+
+    def shutdown(self) -> None:
+        self._drop(self._executor)
+
+
+_pool: CpuPool | None = None
+_pool_lock = threading.Lock()
+
+
+def cpu_pool(settings: Settings) -> CpuPool:
+    """This process's pool (``otlp_cpu_processes`` workers, 0: one per CPU), made on the
+    first call; its workers start with the first piece of work."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            processes = settings.otlp_cpu_processes or os.cpu_count() or 1
+            _pool = CpuPool(processes, settings.heavy_cpu_nice)
+        return _pool
+
+
+@atexit.register
+def _stop_workers() -> None:
+    if _pool is not None:
+        _pool.shutdown()
