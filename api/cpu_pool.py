@@ -12,7 +12,7 @@ large export), ``otlp_cpu_processes`` workers at most. Workers are spawned, neve
 the API process has threads and pooled connections a fork would copy. A worker that dies (a
 kill, the OOM killer) breaks the pool for good; the work it had is then done in the calling
 thread, once, and the next piece of work starts a new pool — never a 500, never lost spans.
-The workers end with their API process.
+The workers end with their API process (``metering/worker_processes.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import atexit
 import multiprocessing
 import os
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -33,14 +32,13 @@ import psycopg
 from metering.config import Settings
 from metering.db import QueryGuard
 from metering.errors import MeteringError
+from metering.worker_processes import start_worker
 
 T = TypeVar("T")
 
 # How often a caller waiting for a worker looks whether its client is gone (or its time is
 # up), as api/heavy.py repeats a cancel request.
 GUARD_POLL_S: Final = 0.2
-# How often a worker looks whether its API process is still there.
-PARENT_POLL_S: Final = 1.0
 
 
 @dataclass(frozen=True)
@@ -49,22 +47,6 @@ class _Refusal:
     were given by keyword does not unpickle (its ``args`` are empty)."""
 
     fields: dict[str, Any]
-
-
-def _start_worker(nice: int) -> None:
-    """A worker's initializer: ``nice`` steps below the API process, once, for its life; and
-    an end with the API process, however that ends."""
-    os.nice(nice)
-    threading.Thread(target=_exit_with, args=(os.getppid(),), daemon=True).start()
-
-
-def _exit_with(parent: int) -> None:
-    """End this worker once ``parent`` is gone (it is then another process's child): uvicorn
-    ends on the SIGTERM it caught, raised again, so no exit handler of the API process
-    shuts the pool down, and a worker waiting for work would wait forever."""
-    while os.getppid() == parent:
-        time.sleep(PARENT_POLL_S)
-    os._exit(0)
 
 
 def _refusing(work: Callable[..., T], *args: Any) -> T | _Refusal:
@@ -112,7 +94,7 @@ class CpuPool:
                 self._executor = ProcessPoolExecutor(
                     self.processes,
                     mp_context=multiprocessing.get_context("spawn"),
-                    initializer=_start_worker,
+                    initializer=start_worker,
                     initargs=(self.nice,),
                 )
             return self._executor

@@ -44,6 +44,7 @@ from metering.config import Settings
 from metering.db import SESSION_OPTIONS
 from metering.policy.document import PolicyDocument
 from metering.settlement.replay import Shard, WhatIf, merge_reports, replay_period
+from metering.worker_processes import start_worker
 
 # Below this many runs the workers' start and the merge cost more than they save.
 PARALLEL_FROM_RUNS = 20_000
@@ -117,17 +118,11 @@ def _workers(size: int, nice: int) -> ProcessPoolExecutor:
             _pool = ProcessPoolExecutor(
                 size,
                 mp_context=multiprocessing.get_context("spawn"),
-                initializer=_lower_priority,
+                initializer=start_worker,
                 initargs=(nice,),
             )
             _pool_shape = (size, nice)
         return _pool
-
-
-def _lower_priority(nice: int) -> None:
-    """A worker's start: below the API processes, which then get the CPU first."""
-    if nice:
-        os.nice(nice)
 
 
 @atexit.register

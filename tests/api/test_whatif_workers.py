@@ -119,3 +119,34 @@ def test_a_tenants_second_console_what_if_is_refused_on_the_page_while_another_t
         page = pending.reply()
         assert page.status_code == 200, page.text
         assert 'id="totals"' in page.text
+
+
+def test_the_what_if_workers_end_with_their_api_process(make_key, db, settings, tmp_path):
+    """uvicorn ends on a SIGTERM raised again after its graceful shutdown: no exit handler
+    of the API process runs, so workers waiting for the next what-if must see it gone
+    themselves (metering/worker_processes.py), or each stopped API leaves them for good."""
+    key = make_key(tenant="acme", scope="admin")
+    with serve(
+        settings,
+        tmp_path,
+        FAIRMETER_HEAVY_SLOTS_REDIS_PREFIX=f"fairmeter-test:slots:{uuid.uuid4().hex}",
+        FAIRMETER_WHATIF_PROCESSES="1",
+    ) as served:
+        with locked(settings, LOCK_DECISIONS):
+            pending = Pending(what_if, served.base, key)
+            assert wait_until(lambda: worker_pids(db), PROMPT_S), "no worker replays it"
+            (worker,) = worker_pids(db)
+        assert pending.reply().status_code == 200
+        assert served.process is not None
+        served.process.terminate()
+        served.process.wait(PROMPT_S)
+    assert wait_until(lambda: not Path(f"/proc/{worker}").exists() or zombie(worker), PROMPT_S), (
+        "a what-if worker outlived its API process"
+    )
+
+
+def zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
