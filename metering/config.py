@@ -175,10 +175,7 @@ class Settings(BaseSettings):
     # requests"). Concurrent ones per tenant, across every API process (a Redis semaphore
     # that fails open); one more is a 429 with Retry-After.
     whatif_concurrent_per_tenant: int = Field(default=1, ge=1)
-    # One export at a time per tenant by default: an export's store is PostgreSQL work at
-    # full priority (~0.15 ms per span), and two at once let one tenant's exports take
-    # another's ingest p99 to 3 x its baseline on a 2-core host (one: under 2 x).
-    otlp_concurrent_exports_per_tenant: int = Field(default=1, ge=1)
+    otlp_concurrent_exports_per_tenant: int = Field(default=2, ge=1)
     heavy_slots_redis_prefix: str = "fairmeter:slots"
     # Spans in one OTLP export; more is a 413. The SDKs' BatchSpanProcessor exports at most
     # 512 per request by default (OTEL_BSP_MAX_EXPORT_BATCH_SIZE), so that fits four times.

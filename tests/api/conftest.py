@@ -45,7 +45,5 @@ def heavy_api(settings: Settings, tmp_path_factory: Any) -> Iterator[Served]:
         FAIRMETER_HEAVY_LOCK_TIMEOUT_S=str(PATIENCE_S),
         FAIRMETER_WHATIF_TIMEOUT_S=str(PATIENCE_S),
         FAIRMETER_OTLP_EXPORT_TIMEOUT_S=str(PATIENCE_S),
-        # Two (the default is one): two exports to one run then wait on its lock in turn.
-        FAIRMETER_OTLP_CONCURRENT_EXPORTS_PER_TENANT="2",
     ) as served:
         yield served
