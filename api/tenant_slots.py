@@ -100,8 +100,9 @@ async def _give_back(client: Redis, key: str, token: str) -> None:
 
 def too_many_concurrent(kind: SlotKind) -> MeteringError:
     """429: the tenant already runs as many requests of ``kind`` as it may."""
+    what = kind.what.removesuffix("s") if kind.per_tenant == 1 else kind.what
     return MeteringError(
-        f"at most {kind.per_tenant} {kind.what} at a time per tenant; retry when one has finished",
+        f"at most {kind.per_tenant} {what} at a time per tenant; retry when one has finished",
         code=kind.code,
         status=429,
         title="Too many requests",

@@ -110,7 +110,7 @@ def test_a_tenants_second_console_what_if_is_refused_on_the_page_while_another_t
         assert waiting(db, 1), "the first what-if never reached the database"
         second = console_what_if(api.base, acme)
         assert second.status_code == 429, second.text
-        assert "At most 1 what-ifs at a time per tenant" in second.text
+        assert "At most 1 what-if at a time per tenant" in second.text
         assert 'id="whatif-error"' in second.text and second.headers["retry-after"] == "1"
         assert what_if(api.base, acme_key).status_code == 429  # one slot, the API's too
         other_tenant = Pending(console_what_if, api.base, globex)
