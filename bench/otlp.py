@@ -164,6 +164,8 @@ def main() -> int:
         "FAIRMETER_LOG_LEVEL": "WARNING",
         # capacity for one tenant, not that tenant's share (rate_limit_tenant_events)
         "FAIRMETER_RATE_LIMIT_TENANT_EVENTS": str(10**9),
+        # every client's export at once, as before the per-tenant cap (api/heavy.py)
+        "FAIRMETER_OTLP_CONCURRENT_EXPORTS_PER_TENANT": str(opts.connections),
     }
     port = free_port()
     with ExitStack() as stack:
