@@ -51,7 +51,7 @@ from metering.prices import (  # noqa: E402
     load_catalog,
     read_catalog_file,
 )
-from metering.settlement import replay, replay_shards  # noqa: E402
+from metering.settlement import replay, replay_pool  # noqa: E402
 from metering.settlement.decided_facts import decode_decided_facts  # noqa: E402
 from metering.settlement.replay import WhatIf  # noqa: E402
 from metering.settlement.replay_shards import Parallelism, replay_period_parallel  # noqa: E402
@@ -150,9 +150,8 @@ def replay_rate(url: str, rounds: int, processes: int) -> dict[str, Any]:
 
 def worker_peaks_mb() -> list[float]:
     """Peak RSS of the replay's worker processes (VmHWM), while they are alive."""
-    pool = replay_shards._pool
     peaks = []
-    for pid in getattr(pool, "_processes", {}) or {}:
+    for pid in replay_pool.POOL.worker_pids():
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
                 peaks.append(int(line.split()[1]) / 1024)

@@ -165,6 +165,15 @@ class Settings(BaseSettings):
     # replay always runs in these worker processes, never in the API process (whose other
     # requests would wait for its GIL); the command line replays a small period itself.
     whatif_processes: int = Field(default=0, ge=0, le=64)
+    # A period of at least this many runs is replayed on all of them (below, the workers'
+    # share and the merge cost more than they save).
+    whatif_parallel_from_runs: int = Field(default=20_000, ge=1)
+    # The workers are shared by every tenant of an API process: an API request's period is
+    # replayed in shards of at most about this many runs, handed out one per free worker to
+    # the tenant with the fewest running, so another tenant's what-if waits for a worker at
+    # most one such shard (issue #30; docs/reliability.md). Smaller: a shorter wait, more
+    # shards (each reads the period's index and checks its first 1,000 runs).
+    whatif_shard_runs: int = Field(default=10_000, ge=1)
     # How much the what-if workers of an API process lower their priority (``os.nice``) when
     # they start: the OS then gives the API processes the CPU first and a replay what is
     # left, so another tenant's ingest does not wait for it (issue #30). 0 keeps it equal.

@@ -15,6 +15,13 @@ what-ifs). The workers also lower their own priority (``os.nice``), so the OS gi
 processes the CPU first and the replay what is left. The command line replays the first
 shard itself, at its own priority: nothing else waits for it there.
 
+The workers are shared by every tenant of the process, and one tenant's large what-if must
+not hold them all while another's waits (issue #30, "Fair share"): a period offloaded is
+split into shards of at most about ``shard_runs`` runs (``whatif_shard_runs``; more shards
+than workers for a large one), and the shards are handed to the workers one per free worker,
+the tenant with the fewest running first (``replay_pool``). Another tenant's what-if then
+waits for a worker at most until one running shard ends.
+
 Workers are spawned, not forked: the caller may be an API process with threads and pooled
 connections a fork would copy. They live as long as the process, so only the first what-if
 pays for their start. A what-if cancelled (its client gone, its time up) has its workers'
@@ -24,14 +31,12 @@ and the caller terminates those by name on a connection of its own.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import multiprocessing
+import math
 import os
-import threading
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, Final
@@ -44,10 +49,15 @@ from metering.config import Settings
 from metering.db import SESSION_OPTIONS
 from metering.policy.document import PolicyDocument
 from metering.settlement.replay import Shard, WhatIf, merge_reports, replay_period
-from metering.worker_processes import start_worker
+from metering.settlement.replay_pool import POOL
 
 # Below this many runs the workers' start and the merge cost more than they save.
 PARALLEL_FROM_RUNS = 20_000
+# An offloaded period is split into shards of about this many runs at most: another
+# tenant's what-if waits for a worker at most one such shard (~1.6 s at the benchmark's
+# 6,400 runs/s per process). Each shard checks its first 1,000 runs against the stored
+# decisions, so smaller shards cost more checks.
+SHARD_RUNS = 10_000
 # How often a caller waiting for its workers looks whether the what-if was cancelled.
 CANCEL_POLL_S: Final = 0.1
 # A worker's backend is named this, the what-if's tag and the worker's OS pid.
@@ -68,28 +78,44 @@ What = tuple[str, str, PolicyDocument, PolicyDocument]  # tenant, period, candid
 class Parallelism:
     """Where workers connect (a libpq URL), how many processes replay at most, and from
     how many runs in the period they share it; whether every shard is replayed by a worker
-    (``offload``, the caller only holds the snapshot) and how much the workers lower their
-    priority (``nice``, added to the caller's)."""
+    (``offload``, the caller only holds the snapshot; then in shards of at most about
+    ``shard_runs`` runs) and how much the workers lower their priority (``nice``, added to
+    the caller's)."""
 
     conninfo: str
     processes: int
     from_runs: int = PARALLEL_FROM_RUNS
     offload: bool = False
     nice: int = 0
+    shard_runs: int = SHARD_RUNS
 
     @classmethod
     def of(cls, settings: Settings) -> Parallelism:
         """A server's (API and console): as the settings say (``whatif_processes``, 0 is
         one per CPU; ``whatif_nice``), every shard off the request's process."""
-        processes = settings.whatif_processes or os.cpu_count() or 1
-        return cls(settings.libpq_url(), processes, offload=True, nice=settings.whatif_nice)
+        return cls(
+            settings.libpq_url(),
+            settings.whatif_processes or os.cpu_count() or 1,
+            settings.whatif_parallel_from_runs,
+            offload=True,
+            nice=settings.whatif_nice,
+            shard_runs=settings.whatif_shard_runs,
+        )
 
     @classmethod
     def in_process(cls, settings: Settings) -> Parallelism:
         """The command line's: a small period in the calling process, a large one shared
         with workers at the caller's priority (nothing else waits for this process)."""
         processes = settings.whatif_processes or os.cpu_count() or 1
-        return cls(settings.libpq_url(), processes)
+        return cls(settings.libpq_url(), processes, settings.whatif_parallel_from_runs)
+
+    def shards(self, runs: int) -> int:
+        """Into how many shards a period of ``runs`` runs is split: one per process from
+        ``from_runs``; offloaded, also at most about ``shard_runs`` runs each."""
+        shards = self.processes if runs >= self.from_runs else 1
+        if self.offload:
+            shards = max(shards, math.ceil(runs / self.shard_runs))
+        return shards
 
 
 @dataclass(frozen=True)
@@ -101,34 +127,6 @@ class _Job:
     tag: str
     snapshot: str
     options: str
-
-
-_pool: ProcessPoolExecutor | None = None
-_pool_shape = (0, 0)  # size, nice
-_pool_lock = threading.Lock()
-
-
-def _workers(size: int, nice: int) -> ProcessPoolExecutor:
-    global _pool, _pool_shape
-    with _pool_lock:
-        too_small = _pool_shape[0] < size or _pool_shape[1] != nice
-        if _pool is None or too_small or getattr(_pool, "_broken", False):
-            if _pool is not None:
-                _pool.shutdown(wait=False)
-            _pool = ProcessPoolExecutor(
-                size,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=start_worker,
-                initargs=(nice,),
-            )
-            _pool_shape = (size, nice)
-        return _pool
-
-
-@atexit.register
-def _stop_workers() -> None:
-    if _pool is not None:
-        _pool.shutdown(wait=False, cancel_futures=True)
 
 
 def never_cancelled() -> bool:
@@ -160,7 +158,7 @@ def replay_period_parallel(
         conn.rollback()
     conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
     runs = conn.execute(COUNT, {"tenant": tenant, "period": period}).fetchone()
-    shards = parallelism.processes if runs and runs[0] >= parallelism.from_runs else 1
+    shards = parallelism.shards(runs[0] if runs else 0)
     what = (tenant, period, candidate, defaults)
     if shards <= 1 and not parallelism.offload:
         return replay_period(conn, *what)
@@ -193,19 +191,16 @@ def _job(conn: psycopg.Connection[Any], conninfo: str) -> _Job:
 def _submit(
     job: _Job, what: What, indexes: range, shards: int, parallelism: Parallelism
 ) -> dict[int, Future[WhatIf]]:
-    """The shards ``indexes`` sent to the workers; none when the pool is broken (a dead
-    worker broke it while they were being sent): the caller replays them then."""
+    """The shards ``indexes`` queued for the workers, in the tenant's turn (``POOL``)."""
     # As many workers as a large period takes, at once: a small period's what-if first
     # would otherwise start a pool the next large one has to replace.
     size = max(parallelism.processes - (0 if parallelism.offload else 1), 1)
-    futures: dict[int, Future[WhatIf]] = {}
-    try:
-        pool = _workers(size, parallelism.nice)
-        for index in indexes:
-            futures[index] = pool.submit(_replay_shard, job, what, Shard(index, shards))
-    except BrokenProcessPool:
-        _drop_workers()
-    return futures
+    return {
+        index: POOL.submit(
+            what[0], size, parallelism.nice, _replay_shard, job, what, Shard(index, shards)
+        )
+        for index in indexes
+    }
 
 
 def _result(
@@ -216,8 +211,8 @@ def _result(
     cancelled: Callable[[], bool],
 ) -> WhatIf:
     """A worker's share, waited for until ``cancelled()``; replayed here, in the caller's
-    snapshot, if its worker died (a killed worker breaks the pool for good: it is dropped,
-    the next what-if starts anew)."""
+    snapshot, if its worker died (a killed worker breaks the pool for good: the next shard
+    starts a new one)."""
     while future is not None:
         if cancelled():
             raise psycopg.errors.QueryCanceled("the what-if was cancelled")
@@ -226,7 +221,6 @@ def _result(
         except TimeoutError:
             continue
         except BrokenProcessPool:
-            _drop_workers()
             break
     return replay_period(conn, *what, shard=shard)
 
@@ -235,8 +229,7 @@ def _stop(conn: psycopg.Connection[Any], job: _Job, futures: dict[int, Future[Wh
     """No worker goes on for a what-if that failed or was cancelled: the shards not started
     are dropped, the snapshot is released (a worker not connected yet then cannot import
     it), and the backends of those connected are terminated."""
-    for future in futures.values():
-        future.cancel()
+    POOL.cancel(list(futures.values()))
     if all(future.done() for future in futures.values()):
         return
     with contextlib.suppress(psycopg.Error):  # one that cannot is closed by its owner
@@ -249,14 +242,6 @@ def _stop(conn: psycopg.Connection[Any], job: _Job, futures: dict[int, Future[Wh
         psycopg.connect(job.conninfo, autocommit=True, connect_timeout=10) as admin,
     ):
         admin.execute(TERMINATE, (pattern,))
-
-
-def _drop_workers() -> None:
-    global _pool, _pool_shape
-    with _pool_lock:
-        if _pool is not None:
-            _pool.shutdown(wait=False, cancel_futures=True)
-        _pool, _pool_shape = None, (0, 0)
 
 
 def _replay_shard(job: _Job, what: What, shard: Shard) -> WhatIf:

@@ -22,7 +22,7 @@ from metering.policies.defaults import settings_policy
 from metering.policies.versions import create_version
 from metering.policy.document import parse_policy
 from metering.protection.query import protection_report
-from metering.settlement import replay, replay_shards
+from metering.settlement import replay, replay_pool
 from metering.settlement.replay_shards import Parallelism, replay_period_parallel
 from metering.settlement.runner import settle_due_now
 from tests.helpers.events import event
@@ -196,9 +196,9 @@ def test_a_worker_process_killed_between_what_ifs_does_not_fail_the_next_one(eng
             return replay_period_parallel(conn, tenant, period, candidate, defaults, parallelism)
 
     parallel()  # the workers exist now
-    pool = replay_shards._pool
-    assert pool is not None
-    for pid in list(pool._processes):
+    pids = replay_pool.POOL.worker_pids()
+    assert pids
+    for pid in pids:
         os.kill(pid, signal.SIGKILL)
     for _ in range(2):
         again = parallel()
