@@ -67,6 +67,10 @@ class Pending:
         except Exception as error:  # shown by reply()
             self._reply.append(error)
 
+    def running(self) -> bool:
+        """Whether the reply is still awaited."""
+        return self._thread.is_alive()
+
     def reply(self) -> httpx.Response:
         self._thread.join(PATIENCE_S)
         reply = self._reply[0]
