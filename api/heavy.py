@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Final, TypeVar
 
 import anyio
@@ -26,8 +27,12 @@ from litestar.types import Receive
 from api.services import Services
 from api.tenant_slots import SlotKind, tenant_slot
 from metering.config import Settings
-from metering.db import QueryGuard, StatementLimits, timed_out
+from metering.db import QueryGuard, StatementLimits, bounded_transaction, timed_out
 from metering.errors import MeteringError
+from metering.policies.defaults import settings_policy
+from metering.settlement.replay import WhatIf
+from metering.settlement.replay_shards import Parallelism
+from metering.settlement.whatif import what_if
 
 T = TypeVar("T")
 
@@ -117,6 +122,39 @@ async def run_heavy(
     """``work`` on a worker thread, as :func:`heavy_request` says."""
     async with heavy_request(request, services, heavy, tenant) as guard:
         return await to_thread.run_sync(work, guard)
+
+
+async def run_what_if(
+    request: Request[Any, Any, Any],
+    services: Services,
+    tenant: str,
+    what: tuple[str, object],
+    render: Callable[[WhatIf], T],
+) -> T:
+    """The what-if of ``what`` (a period, a candidate document) over ``tenant``'s runs, as
+    the API and the console both run it: a heavy request (:func:`run_heavy`), replayed by
+    the workers the process's tenants share (``Parallelism.of``); ``render`` makes the
+    reply of the report on the worker thread (a CSV of many customers is not made on the
+    event loop)."""
+    settings = services.settings
+    heavy = Heavy.what_if(settings)
+    period, document = what
+
+    def work(guard: QueryGuard) -> T:
+        with bounded_transaction(services.engine, heavy.limits, guard) as conn:
+            report = what_if(
+                conn,
+                tenant,
+                period,
+                document,
+                settings_policy(settings),
+                datetime.now(UTC),
+                Parallelism.of(settings),
+                cancelled=lambda: guard.cancelled,
+            )
+        return render(report)
+
+    return await run_heavy(request, services, heavy, tenant, work)
 
 
 async def _cancel_when_gone(receive: Receive, guard: QueryGuard, limits: StatementLimits) -> None:

@@ -13,7 +13,7 @@ from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
 from api.admin import as_admin, rfc3339, shared_options
 from api.downloads import wants_csv
-from api.heavy import Heavy, run_heavy
+from api.heavy import run_what_if
 from api.openapi_docs import AUTHENTICATED, keys, problems
 from api.policy_wire import (
     PolicyChange,
@@ -29,14 +29,13 @@ from api.policy_wire import (
     whatif_reply,
 )
 from api.services import Services
-from metering.db import QueryGuard, bounded_transaction, raw_transaction
+from metering.db import raw_transaction
 from metering.errors import not_found
 from metering.keys import Principal, Scope
 from metering.policies import versions
 from metering.policies.defaults import settings_policy
 from metering.policies.withdrawals import withdraw_version
-from metering.settlement.replay_shards import Parallelism
-from metering.settlement.whatif import what_if
+from metering.settlement.replay import WhatIf
 
 ADMIN = keys(Scope.ADMIN)
 MAX_VERSION = 2**31 - 1  # the column is an INTEGER
@@ -220,26 +219,14 @@ async def policy_what_if(
     principal = services.authenticate(request, Scope.ADMIN)
     as_csv = wants_csv(request, format)
     chosen = csv_table(table)
-    heavy = Heavy.what_if(services.settings)
 
-    def work(guard: QueryGuard) -> Response[Any]:
-        defaults = settings_policy(services.settings)
-        with bounded_transaction(services.engine, heavy.limits, guard) as conn:
-            report = what_if(
-                conn,
-                principal.tenant_id,
-                data.period,
-                data.document,
-                defaults,
-                _now(),
-                Parallelism.of(services.settings),
-                cancelled=lambda: guard.cancelled,
-            )
+    def render(report: WhatIf) -> Response[Any]:
         if as_csv:
             return whatif_download(report, chosen)
         return Response(whatif_reply(report))
 
-    return await run_heavy(request, services, heavy, principal.tenant_id, work)
+    what = (data.period, data.document)
+    return await run_what_if(request, services, principal.tenant_id, what, render)
 
 
 POLICY_HANDLERS = [

@@ -23,16 +23,14 @@ from api.console.pages import page_response
 from api.console.policies import admin_console
 from api.console.web import Console, Form, check_csrf, error_message, services_of
 from api.console.whatif_form import KNOBS, SWITCHES, candidate_of, field_errors, form_of
-from api.heavy import Heavy, run_heavy
+from api.heavy import run_what_if
 from api.policy_wire import csv_table, whatif_download
 from api.services import Services
-from metering.db import QueryGuard, bounded_transaction, raw_transaction
+from metering.db import raw_transaction
 from metering.errors import MeteringError
 from metering.policies import versions
 from metering.policies.defaults import settings_policy
 from metering.settlement.replay import WhatIf
-from metering.settlement.replay_shards import Parallelism
-from metering.settlement.whatif import what_if
 
 # The totals' rows: (label, Position attribute).
 TOTALS = (
@@ -90,24 +88,12 @@ async def _replay(
     """The what-if of the form's candidate over its period, bounded as the API's; 422 for a
     field at fault (before a slot is taken), 429 when the tenant runs one already."""
     candidate = candidate_of(form)
-    settings = services.settings
-    tenant = console.principal.tenant_id
-    heavy = Heavy.what_if(settings)
+    what = (form.get("period", "").strip(), candidate)
+    return await run_what_if(request, services, console.principal.tenant_id, what, _as_is)
 
-    def work(guard: QueryGuard) -> WhatIf:
-        with bounded_transaction(services.engine, heavy.limits, guard) as conn:
-            return what_if(
-                conn,
-                tenant,
-                form.get("period", "").strip(),
-                candidate,
-                settings_policy(settings),
-                datetime.now(UTC),
-                Parallelism.of(settings),
-                cancelled=lambda: guard.cancelled,
-            )
 
-    return await run_heavy(request, services, heavy, tenant, work)
+def _as_is(report: WhatIf) -> WhatIf:
+    return report
 
 
 @get("/policies/what-if", sync_to_thread=True)
