@@ -1,11 +1,12 @@
-"""A request's CPU-bound pure Python in other processes, at a lower CPU priority.
+"""A request's CPU-heavy work in other processes, at a lower CPU priority.
 
-Pure Python holds its process's GIL: an OTLP export's decode, mapping and validation
-(~0.3 s for 2,048 spans, ~1 s as OTLP/JSON) run on a thread of the API process held up
-every other request of that process meanwhile, another tenant's single events among them
-(issue #30, docs/reliability.md "Ingest next to a tenant's heavy requests"). Here that work
-runs in worker processes, each of which lowered its priority by ``heavy_cpu_nice`` when it
-started: the OS gives the API processes the CPU first, and the heavy work what is left.
+Pure Python holds its process's GIL: an OTLP export's decode, mapping, validation, pricing
+and row building (~0.5 s for 2,048 spans, ~1.2 s as OTLP/JSON) run on a thread of the API
+process held up every other request of that process meanwhile, another tenant's single
+events among them (issue #30, docs/reliability.md "Ingest next to a tenant's heavy
+requests"). Here that work runs in worker processes (api/otlp_work.py: a large export is
+stored from the worker too), each of which lowered its priority by ``heavy_cpu_nice`` when
+it started: the OS gives the API processes the CPU first, and the heavy work what is left.
 
 One pool per API process, started with the first piece of work (most processes never see a
 large export), ``otlp_cpu_processes`` workers at most. Workers are spawned, never forked:
@@ -66,14 +67,22 @@ class CpuPool:
         self._lock = threading.Lock()
         self._executor: ProcessPoolExecutor | None = None
 
-    def run(self, guard: QueryGuard, work: Callable[..., T], *args: Any) -> T:
+    def run(
+        self,
+        guard: QueryGuard,
+        work: Callable[..., T],
+        *args: Any,
+        on_cancel: Callable[[], None] | None = None,
+    ) -> T:
         """``work(*args)`` (a module-level function; picklable arguments and result) in a
         worker, its ``MeteringError`` raised here. When ``guard`` is cancelled (the client
-        is gone, the time is up) before the result is in, work not yet started is dropped
-        and ``QueryCanceled`` raised (a 503 through api/heavy.py): nothing is stored."""
+        is gone, the time is up) before the result is in, work not yet started is dropped,
+        work started is stopped by ``on_cancel`` (which ends its database work: what it was
+        storing rolls back), and ``QueryCanceled`` is raised (a 503 through api/heavy.py)."""
         executor = self._workers()
         try:
-            outcome = self._awaited(executor.submit(_refusing, work, *args), guard)
+            future = executor.submit(_refusing, work, *args)
+            outcome = self._awaited(future, guard, on_cancel)
         except BrokenProcessPool:  # at submit, or while the worker had it
             self._drop(executor)
             return work(*args)
@@ -81,10 +90,17 @@ class CpuPool:
             raise MeteringError(**outcome.fields)
         return outcome
 
-    def _awaited(self, future: Future[T | _Refusal], guard: QueryGuard) -> T | _Refusal:
+    def _awaited(
+        self,
+        future: Future[T | _Refusal],
+        guard: QueryGuard,
+        on_cancel: Callable[[], None] | None,
+    ) -> T | _Refusal:
         while not wait([future], timeout=GUARD_POLL_S).done:
             if guard.cancelled:
-                future.cancel()  # only if no worker has taken it yet; its result is dropped
+                # only if no worker has taken it yet; else its result is dropped
+                if not future.cancel() and on_cancel is not None:
+                    on_cancel()
                 raise psycopg.errors.QueryCanceled("the request was cancelled: not stored")
         return future.result()
 

@@ -22,16 +22,14 @@ from metering.db import database_unavailable, raw_transaction
 from metering.errors import MeteringError, unstorable_value
 from metering.ingest.group import store_together
 from metering.ingest.service import PreparedRequest, store_prepared
-from metering.ingest.store import IngestResult
+from metering.ingest.store import STORE_ATTEMPTS, UNSTORABLE_VALUES, IngestResult
 
 # A request's result, its refusal (a ``MeteringError``), or the error it met (the database
 # is unavailable): each request gets its own.
 Outcome = IngestResult | Exception
 Waiting = tuple[PreparedRequest, "asyncio.Future[IngestResult]"]
-# Errors of one request's own values that validation let through: a 400, never a 500.
-UNSTORABLE = (psycopg.DataError, sqlalchemy.exc.DataError, UnicodeEncodeError)
-# Transaction rollbacks (deadlock, serialization failure) are no one's fault: try again.
-ALONE_ATTEMPTS = 2
+# ``UNSTORABLE_VALUES`` as the store meets them here, through SQLAlchemy's pool too.
+UNSTORABLE = (*UNSTORABLE_VALUES, sqlalchemy.exc.DataError)
 
 
 def store_group(engine: Engine, requests: Sequence[PreparedRequest]) -> list[Outcome]:
@@ -63,7 +61,7 @@ def store_group(engine: Engine, requests: Sequence[PreparedRequest]) -> list[Out
 def store_alone(engine: Engine, request: PreparedRequest) -> Outcome:
     """One request in a transaction of its own: its result, or the error it met as a value
     (a ``MeteringError`` when it is the request's fault)."""
-    for attempt in range(1, ALONE_ATTEMPTS + 1):
+    for attempt in range(1, STORE_ATTEMPTS + 1):
         try:
             with raw_transaction(engine) as conn:
                 return store_prepared(conn, request)
@@ -72,7 +70,7 @@ def store_alone(engine: Engine, request: PreparedRequest) -> Outcome:
         except UNSTORABLE:
             return unstorable_value()
         except Exception as exc:
-            if attempt < ALONE_ATTEMPTS and _rolled_back(exc):
+            if attempt < STORE_ATTEMPTS and _rolled_back(exc):
                 continue
             return exc
     raise AssertionError("unreachable: the last attempt returns")

@@ -10,12 +10,12 @@ and 503 are retried after ``Retry-After`` — so a database outage is a 503, nev
 
 from __future__ import annotations
 
+import uuid
 import zlib
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any, Final
 
-import psycopg
 from anyio import to_thread
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
@@ -31,32 +31,38 @@ from api.cloudevents_http import media_type
 from api.cpu_pool import cpu_pool
 from api.heavy import Heavy, heavy_request
 from api.ingest import store_request
-from api.ingest_group import ALONE_ATTEMPTS, UNSTORABLE
 from api.metrics import record_ingest, record_rejection, record_spans
 from api.openapi_docs import TracesOperation, keys
 from api.otlp_errors import JSON, OTLP_EXCEPTION_HANDLERS, PROTOBUF, TRACES_PATH
-from api.otlp_work import check_export
+from api.otlp_work import (
+    EXPORT_APPLICATION,
+    ExportJob,
+    StoredExport,
+    check_export,
+    store_export,
+)
 from api.ratelimit import spend_event_budget
 from api.services import Services
-from metering.db import QueryGuard, bounded_transaction
+from metering.config import Settings
+from metering.db import QueryGuard, terminate_backends
 from metering.errors import (
     MeteringError,
     bad_request,
     payload_too_large,
-    unstorable_value,
     unsupported_media_type,
 )
-from metering.ingest.service import PreparedRequest, store_prepared, time_window
+from metering.ingest.service import PreparedRequest, time_window
 from metering.ingest.spans import (
     PreparedSpans,
     by_run,
     partial_success_message,
     price_spans,
     refused_reasons,
+    run_refused_reasons,
 )
-from metering.ingest.store import IngestResult
 from metering.keys import Principal, Scope
-from metering.otlp.export import json_span_count, span_count
+from metering.otlp import MappedSpans
+from metering.otlp.export import check_span_total, json_span_count, span_count
 
 # A gzip body may inflate to this many times the request body limit, and no further: a few
 # kilobytes of zeros must not become gigabytes in memory. Spans compress about tenfold.
@@ -77,81 +83,150 @@ async def post_traces(request: Request[Any, Any, Any], state: State) -> Response
 
     An export runs in one of its tenant's slots (``otlp_concurrent_exports_per_tenant``,
     429 beyond) and is cancelled in PostgreSQL when its exporter disconnects or
-    ``otlp_export_timeout_s`` has passed (api/heavy.py)."""
+    ``otlp_export_timeout_s`` has passed (api/heavy.py). A large one (more spans than
+    ``ingest_group_request_events``) is checked, priced and stored by a worker process
+    (api/otlp_work.py), and spends its tenant's events budget by its spans, before any of
+    that work: the API process only inflates and counts it."""
     services: Services = state.services
+    settings = services.settings
     encoding = media_type(request.headers.get("content-type", ""))
     body = await request.body()
     # first: 401 before 415, and before a slot is taken
     principal = await to_thread.run_sync(services.authenticate, request, Scope.INGEST)
-    heavy = Heavy.otlp_export(services.settings)
+    heavy = Heavy.otlp_export(settings)
     async with heavy_request(request, services, heavy, principal.tenant_id) as guard:
+        received_at = datetime.now(UTC)
+        inflated, spans = await to_thread.run_sync(_sized, request, body, encoding, settings)
+        if spans is not None:  # large: spent by its spans, all its work in a worker
+            await spend_event_budget(
+                services.limiter, bearer_key(request), principal.tenant_id, spans
+            )
+            job = _job(inflated, encoding, principal, received_at, settings, heavy)
+            stored = await to_thread.run_sync(_store_in_worker, job, settings, guard)
+            return _stored_reply(encoding, stored)
         prepared, reasons = await to_thread.run_sync(
-            _prepare, principal, request, body, encoding, services, guard
+            _prepare, principal, inflated, encoding, received_at, services
         )
         events = len(prepared.request.events)
         await spend_event_budget(services.limiter, bearer_key(request), principal.tenant_id, events)
-        refused_at_store = await _store(prepared.request, services, guard) if events else []
+        refused_at_store = await _store(prepared.request, services) if events else []
     record_spans("accepted", "", events - len(refused_at_store))  # stored, or stored before
     record_spans("rejected", "refused_by_ingest", len(prepared.refused) + len(refused_at_store))
     return _reply(encoding, [*reasons, *prepared.refused, *refused_at_store])
 
 
-def _prepare(
-    principal: Principal,
-    request: Request[Any, Any, Any],
-    body: bytes,
-    encoding: str,
-    services: Services,
-    guard: QueryGuard,
-) -> tuple[PreparedSpans, list[str]]:
-    settings = services.settings
-    received_at = datetime.now(UTC)
+def _sized(
+    request: Request[Any, Any, Any], body: bytes, encoding: str, settings: Settings
+) -> tuple[bytes, int | None]:
+    """The body inflated, and its span count when it is large (``None``: small, or not an
+    export, which ``_prepare`` refuses); 415, 400 and 413 before any other work."""
     try:
         if encoding not in (PROTOBUF, JSON):
             raise unsupported_media_type(f"send OTLP/HTTP as {PROTOBUF} or {JSON}")
         inflated = _inflated(request, body, settings.max_body_bytes)
-        check = partial(
-            check_export,
+        spans = _large_export_spans(inflated, encoding, settings.ingest_group_request_events)
+        if spans is not None:
+            check_span_total(spans, settings.otlp_max_spans_per_request)
+    except MeteringError as exc:
+        record_rejection(1, exc.code)
+        raise
+    return inflated, spans
+
+
+def _job(
+    inflated: bytes,
+    encoding: str,
+    principal: Principal,
+    received_at: datetime,
+    settings: Settings,
+    heavy: Heavy,
+) -> ExportJob:
+    return ExportJob(
+        inflated,
+        as_json=encoding == JSON,
+        max_spans=settings.otlp_max_spans_per_request,
+        window=time_window(settings, received_at),
+        tenant_id=principal.tenant_id,
+        received_at=received_at,
+        conninfo=settings.libpq_url(),
+        tag=uuid.uuid4().hex[:16],
+        options=heavy.limits.options(),
+    )
+
+
+def _store_in_worker(job: ExportJob, settings: Settings, guard: QueryGuard) -> StoredExport:
+    """``store_export`` in a worker; cancelled with ``guard``, its backend terminated."""
+    stop = partial(terminate_backends, job.conninfo, f"{EXPORT_APPLICATION}{job.tag}-")
+    try:
+        stored = cpu_pool(settings).run(guard, store_export, job, on_cancel=stop)
+    except MeteringError as exc:
+        record_rejection(1, exc.code)
+        raise
+    _record_mapped(stored.mapped)
+    record_ingest(stored.accepted, stored.duplicates)
+    for events, code in stored.rejections:
+        record_rejection(events, code)
+    return stored
+
+
+def _stored_reply(encoding: str, stored: StoredExport) -> Response[bytes]:
+    refused = [*stored.refused, *stored.refused_at_store]
+    record_spans("accepted", "", stored.accepted + stored.duplicates)
+    record_spans("rejected", "refused_by_ingest", len(refused))
+    rejected = [span.describe() for span in stored.mapped.rejected]
+    return _reply(encoding, [*rejected, *refused])
+
+
+def _prepare(
+    principal: Principal,
+    inflated: bytes,
+    encoding: str,
+    received_at: datetime,
+    services: Services,
+) -> tuple[PreparedSpans, list[str]]:
+    """A small export checked and priced here: cheap, and its events share a group commit."""
+    settings = services.settings
+    try:
+        checked = check_export(
             inflated,
             as_json=encoding == JSON,
             max_spans=settings.otlp_max_spans_per_request,
             window=time_window(settings, received_at),
         )
-        if _may_hold_more_spans(inflated, encoding, settings.ingest_group_request_events):
-            checked = cpu_pool(settings).run(guard, check)
-            if guard.cancelled:  # the client is gone or the time is up: store nothing
-                raise psycopg.errors.QueryCanceled("the request was cancelled: not stored")
-        else:  # cheap, and stays in the group commit: here
-            checked = check()
     except MeteringError as exc:
         record_rejection(1, exc.code)
         raise
-    mapped = checked.mapped
+    _record_mapped(checked.mapped)
+    prepared = price_spans(checked.spans, principal.tenant_id, received_at, services.catalogs)
+    return prepared, [rejected.describe() for rejected in checked.mapped.rejected]
+
+
+def _record_mapped(mapped: MappedSpans) -> None:
     record_spans("ignored", "non_genai", mapped.ignored_non_genai_spans)
     record_spans("ignored", "without_usage", mapped.ignored_without_usage_spans)
     record_spans("ignored", "nested_agent", mapped.ignored_nested_agent_spans)
     record_spans("duplicate", "in_request", mapped.duplicate_spans)
     record_spans("rejected", "unmappable", len(mapped.rejected))
-    prepared = price_spans(checked.spans, principal.tenant_id, received_at, services.catalogs)
-    return prepared, [rejected.describe() for rejected in mapped.rejected]
 
 
-def _may_hold_more_spans(inflated: bytes, encoding: str, spans: int) -> bool:
-    """Whether an export holds more than ``spans`` spans, found without Python work per
-    span: a protobuf body is parsed in C (~2 ms for 2,048 spans) and its spans counted; an
-    OTLP/JSON one has at least one ``{`` a span (each is an object), and one with more is
-    parsed as JSON (C, ~15 µs a span) and its span lists counted. A body that does not parse
-    is left to the in-process path, which refuses it."""
+def _large_export_spans(inflated: bytes, encoding: str, spans: int) -> int | None:
+    """How many spans an export holds when it holds more than ``spans`` (``None`` when it
+    holds no more, or is not an export), found without Python work per span: a protobuf
+    body is parsed in C (~2 ms for 2,048 spans) and its spans counted; an OTLP/JSON one has
+    at least one ``{`` a span (each is an object), and one with more is parsed as JSON (C,
+    ~15 µs a span) and its span lists counted."""
     if encoding == JSON:
         if inflated.count(b"{") <= spans:
-            return False
-        return (json_span_count(inflated) or 0) > spans
-    export = ExportTraceServiceRequest()
-    try:
-        export.ParseFromString(inflated)
-    except (DecodeError, RecursionError):
-        return False
-    return span_count(export) > spans
+            return None
+        counted = json_span_count(inflated) or 0
+    else:
+        export = ExportTraceServiceRequest()
+        try:
+            export.ParseFromString(inflated)
+        except (DecodeError, RecursionError):
+            return None
+        counted = span_count(export)
+    return counted if counted > spans else None
 
 
 def _inflated(request: Request[Any, Any, Any], body: bytes, max_body_bytes: int) -> bytes:
@@ -198,16 +273,17 @@ def _inflate_member(compressed: memoryview, start: int, inflated: bytearray, lim
     return position - len(inflater.unused_data)
 
 
-async def _store(prepared: PreparedRequest, services: Services, guard: QueryGuard) -> list[str]:
-    """Store the events as ``POST /v1/events`` stores a request (group commit included);
-    reasons for the spans of the runs the store refused.
+async def _store(prepared: PreparedRequest, services: Services) -> list[str]:
+    """Store a small export's events as ``POST /v1/events`` stores a request (group commit
+    included); reasons for the spans of the runs the store refused.
 
     When the store refuses the export as a whole (an event id already stored with other
     content: a conflict; a run owned by another customer), each run is stored on its own so
-    that only the runs at fault are refused. An unavailable database raises (503).
+    that only the runs at fault are refused (as ``store_export`` does for a large one). An
+    unavailable database raises (503).
     """
     try:
-        result = await _store_one(prepared, services, guard)
+        result = await store_request(prepared, services)
         record_ingest(result.accepted, result.duplicates)
         return refused_reasons(result)
     except MeteringError:
@@ -215,42 +291,13 @@ async def _store(prepared: PreparedRequest, services: Services, guard: QueryGuar
     reasons: list[str] = []
     for run in by_run(prepared):
         try:
-            result = await _store_one(run, services, guard)
+            result = await store_request(run, services)
             record_ingest(result.accepted, result.duplicates)
             reasons.extend(refused_reasons(result))
         except MeteringError as refusal:
             record_rejection(len(run.events), refusal.code)
-            subject = run.events[0].subject
-            reasons.extend(f"event {e.id} of run {subject}: {refusal}" for e in run.events)
+            reasons.extend(run_refused_reasons(run, refusal))
     return reasons
-
-
-async def _store_one(
-    prepared: PreparedRequest, services: Services, guard: QueryGuard
-) -> IngestResult:
-    """A small export shares a group commit (short by construction); a large one is stored
-    alone with its statements bounded and cancellable (``guard``)."""
-    if len(prepared.events) <= services.settings.ingest_group_request_events:
-        return await store_request(prepared, services)
-    return await to_thread.run_sync(_store_bounded, prepared, services, guard)
-
-
-def _store_bounded(
-    prepared: PreparedRequest, services: Services, guard: QueryGuard
-) -> IngestResult:
-    """``store_alone``'s outcomes (a refused value is a 400; a deadlock is tried again), in a
-    transaction bounded by ``otlp_export_timeout_s`` and ``heavy_lock_timeout_s``."""
-    limits = Heavy.otlp_export(services.settings).limits
-    for attempt in range(1, ALONE_ATTEMPTS + 1):
-        try:
-            with bounded_transaction(services.engine, limits, guard) as conn:
-                return store_prepared(conn, prepared)
-        except UNSTORABLE:
-            raise unstorable_value() from None
-        except psycopg.errors.TransactionRollback:
-            if attempt == ALONE_ATTEMPTS:
-                raise
-    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def _reply(encoding: str, reasons: list[str]) -> Response[bytes]:

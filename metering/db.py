@@ -6,6 +6,7 @@ a Celery task wrapper, a CLI command) opens one per use case.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -71,6 +72,15 @@ class StatementLimits:
     statement_timeout_s: float
     lock_timeout_s: float
 
+    def options(self) -> str:
+        """A worker process's connection options: the session's, and these limits (the
+        request's own connection gets them from ``bounded_transaction``)."""
+        statement_ms = round(self.statement_timeout_s * 1000)
+        lock_ms = round(self.lock_timeout_s * 1000)
+        return (
+            f"{SESSION_OPTIONS} -c statement_timeout={statement_ms}ms -c lock_timeout={lock_ms}ms"
+        )
+
 
 class QueryGuard:
     """Lets another thread cancel what a use case runs in PostgreSQL: its client went away,
@@ -107,6 +117,24 @@ class QueryGuard:
             self.cancelled = True
             if self._conn is not None and not self._conn.closed:
                 self._conn.cancel_safe(timeout=2.0)
+
+
+def terminate_backends(conninfo: str, application_prefix: str) -> None:
+    """End every backend whose ``application_name`` starts with ``application_prefix``: the
+    connections of worker processes doing a cancelled request's work (a what-if's shards, an
+    OTLP export's store), which the request's own ``QueryGuard`` cannot reach. Their open
+    transactions roll back. On a connection of its own (the request's may be being cancelled
+    meanwhile); out of reach of the database, the workers' ``statement_timeout`` still ends
+    them."""
+    pattern = application_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    with (
+        contextlib.suppress(psycopg.Error),
+        psycopg.connect(conninfo, autocommit=True, connect_timeout=10) as admin,
+    ):
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE %s",
+            (pattern + "%",),
+        )
 
 
 @contextmanager

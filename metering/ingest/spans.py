@@ -112,6 +112,12 @@ def refused_reasons(result: IngestResult) -> list[str]:
     return [f"event {o.id}: {o.reason}" for o in result.events if o.result == "refused"]
 
 
+def run_refused_reasons(run: PreparedRequest, refusal: Exception) -> list[str]:
+    """A reason per span of ``run`` when the store refused the run as a whole."""
+    subject = run.events[0].subject
+    return [f"event {event.id} of run {subject}: {refusal}" for event in run.events]
+
+
 def partial_success_message(reasons: list[str]) -> str:
     """The response's ``error_message``: how many spans were rejected and the first reasons."""
     shown = "; ".join(reasons[:REASONS_IN_MESSAGE])

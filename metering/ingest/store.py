@@ -33,6 +33,12 @@ from metering.ledger.repo import HOLDS_FROM_USAGE_LINES
 from metering.notifications.builders import RunRef
 from metering.pricing import PricedUsage
 
+# Errors of one request's own values that validation let through (a NUL PostgreSQL's text
+# cannot hold, a number out of its range): the request's fault, a 400, never a 500.
+UNSTORABLE_VALUES = (psycopg.DataError, UnicodeEncodeError)
+# Transaction rollbacks (deadlock, serialization failure) are no one's fault: a request
+# stored alone is tried this many times.
+STORE_ATTEMPTS = 2
 # Signs of life after a drop: they close an open connection.lost for the resume window.
 RECOVERY_TYPES = frozenset({"connection.restored", "run.resumed", USAGE_TYPE})
 

@@ -64,7 +64,11 @@ def check_span_count(export: ExportTraceServiceRequest, max_spans: int) -> None:
     """413 for an export of more than ``max_spans`` spans, all of them counted (GenAI or
     not): one export is one transaction holding its runs' locks, and a bounded one keeps
     that short. Exporters split a batch that is too large into several requests."""
-    spans = span_count(export)
+    check_span_total(span_count(export), max_spans)
+
+
+def check_span_total(spans: int, max_spans: int) -> None:
+    """``check_span_count`` for an export whose spans were counted already."""
     if spans > max_spans:
         raise payload_too_large(
             f"an export holds at most {max_spans} spans, this one {spans}: "

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
 import psycopg
 
 from metering.config import Settings
@@ -106,3 +108,28 @@ def locked(settings: Settings, statement: str, *params: Any) -> Iterator[None]:
             yield
         finally:
             conn.rollback()
+
+
+class Pending:
+    """A request sent on a thread that waits as long as the API does; ``reply()`` joins."""
+
+    def __init__(self, send: Callable[..., httpx.Response], *args: Any) -> None:
+        self._reply: list[Any] = []
+        self._thread = threading.Thread(target=self._run, args=(send, *args), daemon=True)
+        self._thread.start()
+
+    def _run(self, send: Callable[..., httpx.Response], *args: Any) -> None:
+        try:
+            self._reply.append(send(*args))
+        except Exception as error:  # shown by reply()
+            self._reply.append(error)
+
+    def running(self) -> bool:
+        """Whether the reply is still awaited."""
+        return self._thread.is_alive()
+
+    def reply(self) -> httpx.Response:
+        self._thread.join(PATIENCE_S)
+        reply = self._reply[0]
+        assert isinstance(reply, httpx.Response), reply
+        return reply

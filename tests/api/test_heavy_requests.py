@@ -12,16 +12,14 @@ fast the machine is.
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Callable
 from typing import Any
 
 import httpx
 from google.rpc.status_pb2 import Status
 
 from tests.api.heavy_harness import (
-    PATIENCE_S,
     PROMPT_S,
+    Pending,
     abandoned,
     as_protobuf,
     chat_export,
@@ -51,31 +49,6 @@ def what_if(base: str, key: str) -> httpx.Response:
 
 def export(base: str, key: str, run: str, spans: int = LARGE_EXPORT_SPANS) -> httpx.Response:
     return post(base, "/v1/traces", key, chat_export(run, "cust-1", spans))
-
-
-class Pending:
-    """A request sent on a thread that waits as long as the API does; ``reply()`` joins."""
-
-    def __init__(self, send: Callable[..., httpx.Response], *args: Any) -> None:
-        self._reply: list[Any] = []
-        self._thread = threading.Thread(target=self._run, args=(send, *args), daemon=True)
-        self._thread.start()
-
-    def _run(self, send: Callable[..., httpx.Response], *args: Any) -> None:
-        try:
-            self._reply.append(send(*args))
-        except Exception as error:  # shown by reply()
-            self._reply.append(error)
-
-    def running(self) -> bool:
-        """Whether the reply is still awaited."""
-        return self._thread.is_alive()
-
-    def reply(self) -> httpx.Response:
-        self._thread.join(PATIENCE_S)
-        reply = self._reply[0]
-        assert isinstance(reply, httpx.Response), reply
-        return reply
 
 
 def waiting(db: Any, count: int) -> bool:

@@ -24,7 +24,15 @@ import httpx
 import pytest
 
 from metering.config import Settings
-from tests.api.heavy_harness import PATIENCE_S, PROMPT_S, as_protobuf
+from tests.api.heavy_harness import (
+    PATIENCE_S,
+    PROMPT_S,
+    Pending,
+    as_protobuf,
+    chat_export,
+    lock_waiters,
+    locked,
+)
 from tests.helpers.processes import wait_until
 from tests.security.harness import Served, serve
 
@@ -216,3 +224,48 @@ def test_the_workers_end_with_their_api_process(pool_api, make_key, db):
 
     running = lambda: {p for p, (state, _) in processes().items() if state != "Z"}  # noqa: E731
     assert wait_until(lambda: not (workers & running()), PROMPT_S), "workers left behind"
+
+
+def test_a_large_export_is_stored_by_its_worker_not_by_the_api_process(
+    pool_api, make_key, db, settings
+):
+    """Pricing and building 2,048 events' rows held the API process's GIL for ~0.2 s after
+    the worker had mapped them (issue #30: another tenant's ingest p99 x3.2): the worker
+    stores them itself, on a backend named after the export and the worker's pid."""
+    key, pid = make_key(tenant="acme"), api_pid(pool_api)
+    assert post(pool_api, key, mixed_export(good=1)).status_code == 200  # the run exists
+    with locked(settings, "SELECT 1 FROM runs WHERE subject = 'mixed-run' FOR UPDATE"):
+        pending = Pending(post, pool_api, key, mixed_export(good=LARGE))
+        assert wait_until(lambda: lock_waiters(db) == 1, PATIENCE_S), "never reached the lock"
+        (name,) = db.execute(
+            "SELECT application_name FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND datname = current_database()"
+        ).fetchone()
+    assert name.startswith("fairmeter-otlp-")
+    assert int(name.rsplit("-", 1)[1]) in niced(pid), (name, workers_of(pid))
+    reply = pending.reply()
+    assert reply.status_code == 200, reply.text
+    assert int(reply.json()["partialSuccess"]["rejectedSpans"]) == 5
+    assert len(stored(db, "acme")) == 1 + LARGE
+
+
+def test_a_large_export_spends_its_tenant_s_budget_by_its_spans_before_any_work(
+    settings, tmp_path, make_key, db
+):
+    """A large export is counted against its tenant's events budget by its spans, billable
+    or not (decoding them is the work the worker would do), before that work starts: one
+    that does not fit is refused whole, unread (docs/otlp.md "Limits")."""
+    budget = {
+        "FAIRMETER_RATE_LIMIT_TENANT_EVENTS": "100",
+        "FAIRMETER_RATE_LIMIT_WINDOW_S": "60",
+        "FAIRMETER_RATE_LIMIT_REDIS_PREFIX": f"fairmeter-test:ratelimit:{uuid.uuid4().hex}",
+    }
+    key = make_key(tenant="acme")
+    with serve_pool_api(settings, tmp_path, **budget) as api:
+        plain = chat_export("plain-run", "cust-1", LARGE, genai=False)  # nothing billable
+        assert post(api, key, plain).status_code == 200
+        refused = post(api, key, chat_export("billed-run", "cust-1", LARGE))
+        assert refused.status_code == 429, refused.text  # 60 + 60 spans > 100
+        assert "more than 100 events in this window for this tenant" in refused.text
+        assert 1 <= int(refused.headers["Retry-After"]) <= 60
+    assert stored(db, "acme") == []

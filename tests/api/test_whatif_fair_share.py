@@ -27,8 +27,7 @@ import pytest
 
 from metering.config import Settings
 from metering.settlement.runner import settle_due_now
-from tests.api.heavy_harness import PATIENCE_S, PROMPT_S
-from tests.api.test_heavy_requests import Pending
+from tests.api.heavy_harness import PATIENCE_S, PROMPT_S, Pending
 from tests.api.test_whatif_workers import worker_pids
 from tests.helpers.ingest import ingest
 from tests.helpers.processes import wait_until

@@ -25,8 +25,8 @@ import pytest
 
 from metering.config import Settings
 from metering.settlement.replay_shards import WORKER_APPLICATION
-from tests.api.heavy_harness import PATIENCE_S, PROMPT_S, abandoned, lock_waiters, locked
-from tests.api.test_heavy_requests import JSON, LOCK_POLICIES, PERIOD, Pending, waiting, what_if
+from tests.api.heavy_harness import PATIENCE_S, PROMPT_S, Pending, abandoned, lock_waiters, locked
+from tests.api.test_heavy_requests import JSON, LOCK_POLICIES, PERIOD, waiting, what_if
 from tests.api.test_policy_whatif_console import PAGE, candidate
 from tests.api.test_policy_whatif_console import post as post_form
 from tests.helpers.processes import wait_until
