@@ -46,7 +46,7 @@ from psycopg import IsolationLevel, sql
 from psycopg.pq import TransactionStatus
 
 from metering.config import Settings
-from metering.db import SESSION_OPTIONS
+from metering.db import SESSION_OPTIONS, terminate_backends
 from metering.policy.document import PolicyDocument
 from metering.settlement.replay import Shard, WhatIf, merge_reports, replay_period
 from metering.settlement.replay_pool import POOL
@@ -67,10 +67,6 @@ COUNT = """
 SELECT count(*) FROM runs
 WHERE tenant_id = %(tenant)s AND period = %(period)s AND decision_version > 0
 """
-TERMINATE = """
-SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE %s
-"""
-
 What = tuple[str, str, PolicyDocument, PolicyDocument]  # tenant, period, candidate, defaults
 
 
@@ -234,14 +230,7 @@ def _stop(conn: psycopg.Connection[Any], job: _Job, futures: dict[int, Future[Wh
         return
     with contextlib.suppress(psycopg.Error):  # one that cannot is closed by its owner
         conn.rollback()
-    pattern = f"{WORKER_APPLICATION}{job.tag}-%"
-    # On a connection of its own: the request's may be being cancelled meanwhile. Out of
-    # reach of the database, the workers' statement_timeout still ends them.
-    with (
-        contextlib.suppress(psycopg.Error),
-        psycopg.connect(job.conninfo, autocommit=True, connect_timeout=10) as admin,
-    ):
-        admin.execute(TERMINATE, (pattern,))
+    terminate_backends(job.conninfo, f"{WORKER_APPLICATION}{job.tag}-")
 
 
 def _replay_shard(job: _Job, what: What, shard: Shard) -> WhatIf:
