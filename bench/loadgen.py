@@ -22,6 +22,8 @@ from itertools import zip_longest
 
 RUNS_PER_STREAM = 50  # runs each connection spreads its events over (no lock convoys)
 CUSTOMERS = 16
+# Replies a client sends its request again for, after their Retry-After (``retries``).
+RETRIED = frozenset({429, 503})
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,17 +87,26 @@ def _request_bytes(target: Target, body: bytes) -> bytes:
 
 
 async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, req: bytes) -> int:
+    return (await _exchange_full(reader, writer, req))[0]
+
+
+async def _exchange_full(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, req: bytes
+) -> tuple[int, float | None]:
+    """The reply's status and its ``Retry-After`` in seconds (``None`` without one)."""
     writer.write(req)
     head = await reader.readuntil(b"\r\n\r\n")
     status = int(head[9:12])
-    length = 0
+    length, retry_after = 0, None
     for line in head.split(b"\r\n")[1:]:
         name, _, value = line.partition(b":")
         if name.strip().lower() == b"content-length":
             length = int(value)
+        elif name.strip().lower() == b"retry-after":
+            retry_after = float(value)
     if length:
         await reader.readexactly(length)
-    return status
+    return status, retry_after
 
 
 Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
@@ -165,7 +176,11 @@ async def _connection(
     next_body: Callable[[], bytes | None],
     deadline: float,
     result: LoadResult,
+    retries: bool = False,
 ) -> None:
+    """Send ``next_body()``'s bodies until they or the time run out; with ``retries`` a 429
+    or 503 with ``Retry-After`` is sent again after it, as OTLP exporters do (the statuses
+    count every reply; ``errors`` only the final ones that are not 200)."""
     reader, writer = stream
     try:
         while time.perf_counter() < deadline:
@@ -173,13 +188,18 @@ async def _connection(
             if body is None:
                 return
             request = _request_bytes(target, body)
-            started = time.perf_counter()
-            status = await _exchange(reader, writer, request)
-            result.latencies_ms.append((time.perf_counter() - started) * 1000)
-            result.requests += 1
-            result.statuses[str(status)] = result.statuses.get(str(status), 0) + 1
-            if status != 200:
-                result.errors += 1
+            while True:
+                started = time.perf_counter()
+                status, retry_after = await _exchange_full(reader, writer, request)
+                result.latencies_ms.append((time.perf_counter() - started) * 1000)
+                result.requests += 1
+                result.statuses[str(status)] = result.statuses.get(str(status), 0) + 1
+                if retries and status in RETRIED and retry_after is not None:
+                    await asyncio.sleep(retry_after)  # as an exporter does: the same body again
+                    continue
+                if status != 200:
+                    result.errors += 1
+                break
     finally:
         writer.close()
 
@@ -189,6 +209,7 @@ async def _drive(
     makers: Sequence[Callable[[], bytes | None]],
     duration_s: float,
     workers: Sequence[int] = (),
+    retries: bool = False,
 ) -> LoadResult:
     """All connections are open (and spread) before the clock starts."""
     streams, per_worker = await _open_all(target, len(makers), workers)
@@ -197,7 +218,10 @@ async def _drive(
     started = time.perf_counter()
     deadline = started + duration_s
     await asyncio.gather(
-        *(_connection(target, s, m, deadline, result) for s, m in zip(streams, makers, strict=True))
+        *(
+            _connection(target, s, m, deadline, result, retries)
+            for s, m in zip(streams, makers, strict=True)
+        )
     )
     result.elapsed_s = time.perf_counter() - started
     result.cpu_s = time.process_time() - cpu_started
@@ -233,15 +257,21 @@ def run_single_events(
 
 
 def run_bodies(
-    target: Target, bodies: Sequence[bytes], connections: int, workers: Sequence[int] = ()
+    target: Target,
+    bodies: Sequence[bytes],
+    connections: int,
+    workers: Sequence[int] = (),
+    retries: bool = False,
 ) -> LoadResult:
-    """Send every body once over ``connections`` connections; stop when all are sent."""
+    """Send every body once over ``connections`` connections; stop when all are sent (with
+    ``retries``: stored, a 429 or 503 sent again after its ``Retry-After``)."""
     pending = iter(bodies)
 
     def next_body() -> bytes | None:
         return next(pending, None)
 
-    return _run(lambda: _drive(target, [next_body] * connections, float("inf"), workers))
+    makers = [next_body] * connections
+    return _run(lambda: _drive(target, makers, float("inf"), workers, retries))
 
 
 def _single_job(args: tuple[Target, int, float, str, str, Sequence[int]]) -> LoadResult:
