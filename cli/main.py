@@ -1,8 +1,11 @@
 """The ``fairmeter`` command: one group, each subcommand defined in a module of its own.
 
-Production commands are imported here. The development tools (``up``, ``simulate``,
-``stripe-emulator``) live in ``devtools/``, which the production image does not ship: they
-are loaded only when called, and a missing ``devtools`` is a one-line error, not a traceback.
+Every subcommand's module is imported only when that subcommand is called (or ``--help``
+lists them all): a command's imports are the database driver, the ORM, the web server or
+Parquet, and each ``fairmeter …`` process (the tests start hundreds) paid for all of them
+when one would do. The development tools (``up``, ``simulate``, ``stripe-emulator``) live
+in ``devtools/``, which the production image does not ship: a missing ``devtools`` is a
+one-line error, not a traceback.
 """
 
 from __future__ import annotations
@@ -13,16 +16,24 @@ import sys
 
 import click
 
-from cli.archive import archive
-from cli.billing import stripe
-from cli.keys import keys
-from cli.operations import costs, db, prices, serve, settle
-from cli.policy import policy
-from cli.report import report
-from cli.statement import statement
-from cli.support import support
-from cli.webhooks import webhooks
 from metering.errors import MeteringError
+
+# name -> (module, attribute) of the click command; the modules are imported on first use.
+COMMANDS = {
+    "archive": ("cli.archive", "archive"),
+    "costs": ("cli.operations", "costs"),
+    "db": ("cli.operations", "db"),
+    "keys": ("cli.keys", "keys"),
+    "policy": ("cli.policy", "policy"),
+    "prices": ("cli.operations", "prices"),
+    "report": ("cli.report", "report"),
+    "serve": ("cli.operations", "serve"),
+    "settle": ("cli.operations", "settle"),
+    "statement": ("cli.statement", "statement"),
+    "stripe": ("cli.billing", "stripe"),
+    "support": ("cli.support", "support"),
+    "webhooks": ("cli.webhooks", "webhooks"),
+}
 
 DEV_COMMANDS = {
     "up": ("devtools.launcher", "up"),
@@ -31,49 +42,35 @@ DEV_COMMANDS = {
 }
 
 
+def _load(module_name: str, attribute: str) -> click.Command:
+    command: click.Command = getattr(importlib.import_module(module_name), attribute)
+    return command
+
+
 class FairmeterGroup(click.Group):
-    """A group whose development commands are imported on first use."""
+    """A group whose commands are imported on first use."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         available = importlib.util.find_spec("devtools") is not None
-        return sorted([*super().list_commands(ctx), *(DEV_COMMANDS if available else ())])
+        return sorted([*COMMANDS, *(DEV_COMMANDS if available else ())])
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in COMMANDS:
+            return _load(*COMMANDS[cmd_name])
         if cmd_name not in DEV_COMMANDS:
             return super().get_command(ctx, cmd_name)
-        module_name, attribute = DEV_COMMANDS[cmd_name]
         try:
-            module = importlib.import_module(module_name)
+            return _load(*DEV_COMMANDS[cmd_name])
         except ModuleNotFoundError as exc:
             raise click.ClickException(
                 f"'fairmeter {cmd_name}' is a development tool and needs the dev environment "
                 f"(run it from a checkout with `uv sync`); missing: {exc.name}"
             ) from None
-        command: click.Command = getattr(module, attribute)
-        return command
 
 
 @click.group(cls=FairmeterGroup)
 def main() -> None:
     """Fairmeter: usage metering and billing protection for AI-agent runs."""
-
-
-for command in (
-    archive,
-    keys,
-    prices,
-    costs,
-    db,
-    serve,
-    settle,
-    statement,
-    support,
-    stripe,
-    webhooks,
-    report,
-    policy,
-):
-    main.add_command(command)
 
 
 def run() -> None:

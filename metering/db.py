@@ -11,14 +11,16 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
-from sqlmodel import Session
 
 from metering.config import Settings
+
+if TYPE_CHECKING:
+    from sqlmodel import Session
 
 # Sessions run in UTC whatever the server's default: timestamps come back with
 # ``datetime.UTC`` as their tzinfo (psycopg maps the session's zone; "Etc/UTC", a common
@@ -42,6 +44,10 @@ def create_db_engine(settings: Settings) -> Engine:
 @contextmanager
 def unit_of_work(engine: Engine) -> Iterator[Session]:
     """One transaction: commit when the block ends normally, roll back on any exception."""
+    # Imported here: SQLModel brings in SQLAlchemy's ORM, which a process that only sends
+    # SQL through raw_transaction (most `fairmeter` commands) never needs.
+    from sqlmodel import Session
+
     with Session(engine, expire_on_commit=False) as session:
         try:
             yield session
