@@ -14,7 +14,10 @@ COPY reconciler ./reconciler
 COPY api ./api
 COPY cli ./cli
 COPY migrations ./migrations
-RUN uv sync --frozen --no-default-groups
+# Compiled at build time: PYTHONDONTWRITEBYTECODE (and a read-only /app for `nobody`) means
+# nothing is cached on import, and every API worker, Celery child and heavy-work process
+# would compile SQLAlchemy, pydantic and Litestar from source at each start.
+RUN uv sync --frozen --no-default-groups --compile-bytecode
 ENV PATH="/app/.venv/bin:$PATH"
 USER nobody
 EXPOSE 8000
