@@ -102,4 +102,3 @@ def test_more_keys_do_not_multiply_a_tenant_s_events_and_its_neighbour_keeps_its
         assert 1 <= int(refused.headers["Retry-After"]) <= 60
         assert batch(client, neighbour, "n1", 100).status_code == 200
     assert stored(db) == 60 + 2 + 100  # a refused batch stores nothing
-
