@@ -179,7 +179,10 @@ def main() -> int:
         )
         warm_events = [msgspec.json.encode(b) for b in ingest.make_batches(2, 1000, now, "w")]
         post(api, key, "/v1/events", "application/cloudevents-batch+json", warm_events, 2)
-        post(api, key, "/v1/traces", "application/x-protobuf", span_requests(1024, "w"), 2)
+        # "o": the CloudEvents warm-up's runs are "run-w…" too, and a run that took usage
+        # through CloudEvents refuses it through OTLP (docs/otlp.md): 1,920 spans refused
+        warm_spans = span_requests(1024, "ow")
+        post(api, key, "/v1/traces", "application/x-protobuf", warm_spans, 2)
         for r in range(opts.rounds):
             print(f"round {r + 1}: building {count} batches and their spans …", flush=True)
             events = [
@@ -207,7 +210,7 @@ def main() -> int:
             )
             print(
                 f"  CloudEvents {rounds[-1]['events_s']:,.0f} events/s, "
-                f"OTLP {rounds[-1]['spans_s']:,.0f} spans/s",
+                f"OTLP {rounds[-1]['spans_s']:,.0f} spans/s; replies {rounds[-1]['statuses']}",
                 flush=True,
             )
     counts = stored(url)
