@@ -180,7 +180,7 @@ def main() -> int:
         warm_events = [msgspec.json.encode(b) for b in ingest.make_batches(2, 1000, now, "w")]
         post(api, key, "/v1/events", "application/cloudevents-batch+json", warm_events, 2)
         # "o": the CloudEvents warm-up's runs are "run-w…" too, and a run that took usage
-        # through CloudEvents refuses it through OTLP (docs/otlp.md): 1,920 spans refused
+        # through CloudEvents refuses it through OTLP (docs/otlp.md): 960 spans refused
         warm_spans = span_requests(1024, "ow")
         post(api, key, "/v1/traces", "application/x-protobuf", warm_spans, 2)
         for r in range(opts.rounds):
