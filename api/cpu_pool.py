@@ -133,12 +133,19 @@ _pool_lock = threading.Lock()
 
 
 def cpu_pool(settings: Settings) -> CpuPool:
-    """This process's pool (``otlp_cpu_processes`` workers, 0: one per CPU), made on the
-    first call; its workers start with the first piece of work."""
+    """This process's pool (``otlp_cpu_processes`` workers; 0: one per CPU and at least one
+    more than a tenant may export at once), made on the first call; its workers start with
+    the first piece of work.
+
+    The workers are shared by every tenant of the process, first come, first served, and a
+    tenant runs at most ``otlp_concurrent_exports_per_tenant`` exports at once across the
+    processes: with one worker more than that, one tenant's exports never hold every worker,
+    and another tenant's large export starts at once."""
     global _pool
     with _pool_lock:
         if _pool is None:
-            processes = settings.otlp_cpu_processes or os.cpu_count() or 1
+            per_tenant = settings.otlp_concurrent_exports_per_tenant
+            processes = settings.otlp_cpu_processes or max(os.cpu_count() or 1, per_tenant + 1)
             _pool = CpuPool(processes, settings.heavy_cpu_nice)
         return _pool
 

@@ -196,11 +196,13 @@ class Settings(BaseSettings):
     whatif_timeout_s: float = Field(default=60.0, gt=0)
     otlp_export_timeout_s: float = Field(default=10.0, gt=0)
     heavy_lock_timeout_s: float = Field(default=5.0, gt=0)
-    # An OTLP export of more spans than ``ingest_group_request_events`` is decoded, mapped and
-    # validated (pure Python, ~0.3 s for 2,048 spans) in worker processes of its API process
-    # (api/cpu_pool.py), so it does not hold up the process's other requests: at most
-    # ``otlp_cpu_processes`` of them (0: one per CPU), each started `heavy_cpu_nice` steps
-    # below the API process's CPU priority (``nice``), so the API processes get the CPU first.
+    # An OTLP export of more spans than ``ingest_group_request_events`` is decoded, mapped,
+    # validated, priced and stored (~0.5 s of Python for 2,048 spans) by worker processes of
+    # its API process (api/cpu_pool.py), so it does not hold up the process's other
+    # requests: ``otlp_cpu_processes`` of them (0: one per CPU, and at least one more than
+    # ``otlp_concurrent_exports_per_tenant``, so one tenant's exports never hold every worker
+    # of a process), each started ``heavy_cpu_nice`` steps below the API process's CPU
+    # priority (``nice``), so the API processes get the CPU first.
     otlp_cpu_processes: int = Field(default=0, ge=0, le=64)
     heavy_cpu_nice: int = Field(default=10, ge=0, le=19)
 

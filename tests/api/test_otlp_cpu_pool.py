@@ -269,3 +269,28 @@ def test_a_large_export_spends_its_tenant_s_budget_by_its_spans_before_any_work(
         assert "more than 100 events in this window for this tenant" in refused.text
         assert 1 <= int(refused.headers["Retry-After"]) <= 60
     assert stored(db, "acme") == []
+
+
+def test_one_tenant_s_exports_never_hold_every_worker_of_a_process(
+    settings, tmp_path, make_key, db
+):
+    """The workers are shared by the tenants of an API process, first come, first served. With
+    one worker per CPU (two here) a tenant's two exports at once held them all, and another
+    tenant's large export waited for them; by default there is one worker more than a tenant
+    may export at once."""
+    acme, globex = make_key(tenant="acme"), make_key(tenant="globex")
+    env = {
+        **{k: v for k, v in POOL_ENV.items() if k != "FAIRMETER_OTLP_CPU_PROCESSES"},
+        "FAIRMETER_HEAVY_LOCK_TIMEOUT_S": str(PATIENCE_S),  # acme's wait until the test ends
+    }
+    with serve(settings, tmp_path, workers=1, **env) as api:
+        assert post(api, acme, mixed_export(good=1)).status_code == 200  # acme's run exists
+        with locked(settings, "SELECT 1 FROM runs WHERE subject = 'mixed-run' FOR UPDATE"):
+            held = [Pending(post, api, acme, mixed_export(good=LARGE)) for _ in range(2)]
+            assert wait_until(lambda: lock_waiters(db) == 2, PATIENCE_S), "not both at the lock"
+            other = post(api, globex, mixed_export(good=LARGE))
+            assert other.status_code == 200, other.text
+            assert all(export.running() for export in held), "acme's were not held meanwhile"
+        assert [export.reply().status_code for export in held] == [200, 200]
+    assert len(stored(db, "globex")) == LARGE
+    assert len(stored(db, "acme")) == 1 + 2 * LARGE
