@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import stripe
+from sqlalchemy.engine import Engine
 
 from devtools.simulator.plan import PlannedRun, Timing, TrafficSpec
 from devtools.simulator.report import SimulationReport
@@ -20,7 +21,7 @@ from devtools.simulator.scenarios import Kind
 from devtools.simulator.send import Checkpoint
 from devtools.simulator.simulation import SimulationConfig, simulate
 from metering.config import Settings
-from metering.db import create_db_engine
+from metering.db import create_db_engine, raw_transaction
 from metering.settlement.settle import policy_config
 
 DEMO_RUNS = 40
@@ -67,7 +68,12 @@ def showcase(planned: Sequence[PlannedRun], customer: str) -> str | None:
 def link_to_emulator(
     settings: Settings, tenant: str, customers: Sequence[str], emulator_url: str
 ) -> dict[str, str]:
-    """Create a Stripe customer per demo customer in the emulator and link it."""
+    """Link each demo customer to a Stripe customer of the emulator: the one it is linked to
+    already while the emulator still knows it, else a new one.
+
+    A second ``make up`` runs the demo again on the same database and the same (persisted)
+    emulator: making new Stripe customers then left every earlier meter event on the old
+    ids, and ``fairmeter stripe drift`` reported differences the demo itself made."""
     from metering.billing.service import link_customer
 
     client = stripe.StripeClient(
@@ -76,15 +82,40 @@ def link_to_emulator(
     engine = create_db_engine(settings)
     linked = {}
     try:
+        known = _stripe_ids(engine, tenant, customers)
         for customer in customers:
-            created = client.v1.customers.create(
-                params={"name": customer, "metadata": {"tenant": tenant, "customer": customer}}
-            )
-            link_customer(engine, tenant, customer, created.id)
-            linked[customer] = created.id
+            stripe_id = known.get(customer)
+            if stripe_id is None or not _exists(client, stripe_id):
+                created = client.v1.customers.create(
+                    params={"name": customer, "metadata": {"tenant": tenant, "customer": customer}}
+                )
+                stripe_id = created.id
+                link_customer(engine, tenant, customer, stripe_id)
+            linked[customer] = stripe_id
     finally:
         engine.dispose()
     return linked
+
+
+def _stripe_ids(engine: Engine, tenant: str, customers: Sequence[str]) -> dict[str, str]:
+    """The Stripe ids the customers are linked to now."""
+    with raw_transaction(engine) as conn:
+        rows = conn.execute(
+            "SELECT id, stripe_customer_id FROM customers"
+            " WHERE tenant_id = %s AND id = ANY(%s) AND stripe_customer_id IS NOT NULL",
+            (tenant, list(customers)),
+        ).fetchall()
+    return {customer: stripe_id for customer, stripe_id in rows}
+
+
+def _exists(client: stripe.StripeClient, stripe_id: str) -> bool:
+    """Whether the emulator knows ``stripe_id`` (a fresh emulator state does not), and has
+    not deleted it (Stripe answers a deleted customer's retrieve with ``deleted: true``)."""
+    try:
+        found = client.v1.customers.retrieve(stripe_id)
+    except stripe.InvalidRequestError:  # 404 resource_missing
+        return False
+    return not getattr(found, "deleted", False)
 
 
 def run_demo(
