@@ -221,6 +221,9 @@ def banner(base: str, where: dict[str, str], keys: list[DemoKey], logs: Path) ->
 
 # --- the demo ----------------------------------------------------------------------------------
 
+# The description of the endpoint `make up` subscribes for its demo receiver.
+DEMO_RECEIVER = "fairmeter up demo receiver"
+
 
 def start_demo_receiver(base: str, keys: list[DemoKey], stack: ExitStack) -> str:
     """Start the demo's webhook receiver and subscribe the demo tenant to it through the API
@@ -237,14 +240,16 @@ def start_demo_receiver(base: str, keys: list[DemoKey], stack: ExitStack) -> str
     receiver = DemoReceiver(show).start()
     stack.callback(receiver.close)
     admin_key = next(key.raw for key in keys if key.scope == "admin")
+    auth = {"authorization": f"Bearer {admin_key}"}
+    _forget_earlier_demo_receivers(base, auth)
     reply = httpx.post(
         f"{base}/v1/webhooks/endpoints",
         json={
             "url": receiver.url,
             "event_types": list(DEMO_EVENT_TYPES),
-            "description": "fairmeter up demo receiver",
+            "description": DEMO_RECEIVER,
         },
-        headers={"authorization": f"Bearer {admin_key}"},
+        headers=auth,
         timeout=30,
     )
     if reply.status_code != 201:  # the service is up: a demo problem must not take it down
@@ -253,6 +258,21 @@ def start_demo_receiver(base: str, keys: list[DemoKey], stack: ExitStack) -> str
     created = reply.json()
     receiver.secret = created["secret"]
     return f"{receiver.url} (endpoint {created['id']}: {', '.join(DEMO_EVENT_TYPES)})"
+
+
+def _forget_earlier_demo_receivers(base: str, auth: dict[str, str]) -> None:
+    """Delete the endpoints earlier ``make up`` runs subscribed for their demo receivers:
+    each listened on a port that is gone with its run, so its deliveries failed and were
+    retried for a day, and another enabled endpoint piled up in the console at every start
+    (issue #31 item 4). Only the demo's own (by their description) are touched."""
+    import httpx
+
+    listed = httpx.get(f"{base}/v1/webhooks/endpoints", headers=auth, timeout=30)
+    if listed.status_code != 200:
+        return  # the new endpoint is still made; the summary says if it is refused
+    for endpoint in listed.json():
+        if endpoint["description"] == DEMO_RECEIVER:
+            httpx.delete(f"{base}/v1/webhooks/endpoints/{endpoint['id']}", headers=auth, timeout=30)
 
 
 def show_demo(
