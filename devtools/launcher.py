@@ -32,6 +32,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import click
+from pydantic import TypeAdapter
 
 from devtools.embedded import (
     Resolved,
@@ -390,7 +391,9 @@ def start_everything(
     supervised = services.children + apps
     wait_until(lambda: api_ready(host, port), "the API", supervised, stop)
     stack.callback(remove_up_state, state_dir)
-    write_up_state(state_dir, services.settings, pid=os.getpid())
+    allow_private = TypeAdapter(bool).validate_python(env["FAIRMETER_WEBHOOKS_ALLOW_PRIVATE"])
+    served = services.settings.model_copy(update={"webhooks_allow_private": allow_private})
+    write_up_state(state_dir, served, pid=os.getpid())
     if keys:
         services.where["webhook receiver"] = start_demo_receiver(base, keys, stack)
     summary = banner(base, services.where, keys, logs)

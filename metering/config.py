@@ -465,6 +465,9 @@ UP_STATE_FIELDS = (
     "stripe_api_base",
     "stripe_webhook_secret",
     "stripe_thin_webhook_secret",
+    # `fairmeter up` lets its webhooks reach loopback receivers; the CLI beside it must accept
+    # the same URLs the API does (issue #31 item 5: `url_not_https` for a local receiver)
+    "webhooks_allow_private",
 )
 
 
@@ -499,7 +502,7 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
-def running_up_values(state_dir: Path) -> dict[str, str]:
+def running_up_values(state_dir: Path) -> dict[str, str | bool]:
     """The settings a live ``fairmeter up`` recorded in ``state_dir``; empty when none runs.
 
     A file left by a launcher that was killed names servers that are gone: ignored.
@@ -511,7 +514,7 @@ def running_up_values(state_dir: Path) -> dict[str, str]:
     if not isinstance(recorded, dict) or not _process_alive(int(recorded.get("pid", 0))):
         return {}
     values = recorded.get("settings", {})
-    return {k: v for k, v in values.items() if k in UP_STATE_FIELDS and isinstance(v, str)}
+    return {k: v for k, v in values.items() if k in UP_STATE_FIELDS and isinstance(v, str | bool)}
 
 
 @lru_cache(maxsize=1)
@@ -520,7 +523,12 @@ def load_cli_settings(state_dir: Path = DEFAULT_STATE_DIR) -> Settings:
     ``fairmeter up`` running from this directory, so the README's commands typed in a second
     terminal reach the embedded database, Redis and Stripe emulator with nothing to export."""
     settings = Settings()
-    given = {name for name in settings.model_fields_set if getattr(settings, name)}
+    # set in the environment: a value, or a switch set either way
+    given = {
+        name
+        for name in settings.model_fields_set
+        if getattr(settings, name) or isinstance(getattr(settings, name), bool)
+    }
     if "stripe_api_key" in given:  # the real Stripe: never mix in the emulator's address
         given |= {"stripe_api_base", "stripe_webhook_secret"}
     fill = {k: v for k, v in running_up_values(state_dir).items() if k not in given}
