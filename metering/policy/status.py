@@ -20,6 +20,9 @@ RESUMING: Final = "Resuming from checkpoint"
 SETTLING: Final = "Finished — settling usage"
 COMPLETED: Final = "Completed"
 COMPLETED_CREDITED: Final = "Completed — duplicate work credited"
+# A completed run support credited (rule S1): not the policy's words for duplicate work,
+# which would tell the customer the run repeated itself when it did not (issue #31 item 2).
+COMPLETED_SUPPORT_CREDITED: Final = "Completed — credited by support"
 CANCELLED: Final = "Cancelled"
 FAILED_RESTORED: Final = "Run failed — usage restored"
 FAILED_PARTIAL: Final = "Run failed — partially credited"

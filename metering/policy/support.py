@@ -19,6 +19,7 @@ from metering.policy.status import (
     CANCELLED,
     COMPLETED,
     COMPLETED_CREDITED,
+    COMPLETED_SUPPORT_CREDITED,
     FAILED_CHARGED,
     FAILED_PARTIAL,
     FAILED_RESTORED,
@@ -59,11 +60,14 @@ def covered_credit_micros(
     return applied
 
 
-def status_after(policy_status: str, billed: int, credited: int) -> str:
-    """The status words once support has changed the amounts."""
+def status_after(policy_status: str, billed: int, credited: int, support_credit: int) -> str:
+    """The status words once support has changed the amounts: a completed run support
+    credited says so, not the policy's words for duplicate work (R1–R3)."""
     if policy_status in (COMPLETED, COMPLETED_CREDITED, CANCELLED):
         if policy_status == CANCELLED:
             return CANCELLED
+        if support_credit > 0:
+            return COMPLETED_SUPPORT_CREDITED
         return COMPLETED if credited == 0 else COMPLETED_CREDITED
     if billed == 0:
         return FAILED_RESTORED
@@ -89,7 +93,7 @@ def apply_support(
     base_status = {Ending.COMPLETED: COMPLETED, Ending.USER_CANCELLED: CANCELLED}.get(
         ending, FAILED_CHARGED
     )
-    status = status_after(base_status if held else decision.status, billed, credited)
+    status = status_after(base_status if held else decision.status, billed, credited, credit)
     explanation = after_support(
         decision.story,
         Amounts(decision.gross_micros, billed, credited),

@@ -10,7 +10,12 @@ from typing import Any
 import pytest
 
 from metering.notifications import SCHEMA_VERSION
-from metering.policy.status import COMPLETED, COMPLETED_CREDITED, FAILED_CHARGED, UNDER_REVIEW
+from metering.policy.status import (
+    COMPLETED,
+    COMPLETED_SUPPORT_CREDITED,
+    FAILED_CHARGED,
+    UNDER_REVIEW,
+)
 from metering.settlement.runner import settle_due_now
 from tests.helpers.events import auth
 from tests.helpers.ingest import ingest
@@ -109,7 +114,7 @@ def test_approved_dispute_credit_resettlement_words_and_resolution(client, make_
         "credited_micros": {"before": 0, "after": 1_000},
         "rule_ids": {"before": resettled["changes"]["rule_ids"]["before"], "after": ["R0", "S1"]},
     }
-    assert (words["previous_status"], words["status"]) == (COMPLETED, COMPLETED_CREDITED)
+    assert (words["previous_status"], words["status"]) == (COMPLETED, COMPLETED_SUPPORT_CREDITED)
     assert (resolved["dispute"], resolved["resolution"], resolved["credit_micros"]) == (
         dispute,
         "approved",

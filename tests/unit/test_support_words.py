@@ -122,3 +122,21 @@ def test_a_credit_on_a_charged_run_replaces_all_billed_with_the_split():
     assert after.explanation.endswith(
         "Support credited 0.02 USD. In all, 0.032938 USD is billed and 0.02 USD credited."
     )
+
+
+@pytest.mark.parametrize("amount", [20_000, 52_938])
+def test_a_credit_on_a_completed_run_says_support_credited_it_not_duplicate_work(amount):
+    """Issue #31 item 2: a support credit on a clean completed run read "Completed — duplicate
+    work credited" (the words of R1–R3) on the customer's statement; the run repeated
+    nothing. Partial or full, the words say who credited it."""
+    facts = SCENARIOS["completed"]()
+    after = apply_support(
+        decide(facts),
+        extra_credit_micros=amount,
+        released=False,
+        ending=ending_of_events(facts.events),
+    )
+    assert after.status == "Completed — credited by support"
+    assert "S1" in after.rule_ids
+    assert after.credited_micros == amount
+    assert after.outcome == ("refunded" if amount == 52_938 else "partially_credited")
